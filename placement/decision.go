@@ -1,0 +1,81 @@
+package placement
+
+import (
+	"sync"
+	"sync/atomic"
+)
+
+// Decision is the outcome of Route: the replica, why, and the in-flight slot
+// it holds. Copies share the slot; Release frees it once.
+type Decision struct {
+	Replica string
+	Reason  Reason
+
+	s   *slot
+	tok uint64
+}
+
+// Release gives the in-flight slot back. Only the first call, on any copy
+// of the Decision, has an effect; the zero Decision releases nothing.
+func (d Decision) Release() {
+	s := d.s
+	if s == nil || d.tok == 0 {
+		return
+	}
+	if !s.tok.CompareAndSwap(d.tok, 0) {
+		return
+	}
+	p, r := s.rep, s.r
+	p.inflight.Add(-1)
+	r.inflight.Add(-1)
+	r.slots.put(s)
+}
+
+// slot is one in-flight hold. tok is the token of the Decision holding it,
+// 0 when free.
+type slot struct {
+	tok  atomic.Uint64
+	rep  *replica
+	r    *Router
+	next *slot
+}
+
+const slotChunk = 64
+
+// slotPool recycles slots. Slots are never returned to the garbage
+// collector, so a stale Decision's pointer always refers to a slot whose
+// token no longer matches.
+type slotPool struct {
+	mu   sync.Mutex
+	free *slot
+	seq  uint64
+}
+
+func (sp *slotPool) init() {}
+
+func (sp *slotPool) get(p *replica, r *Router) (*slot, uint64) {
+	sp.mu.Lock()
+	s := sp.free
+	if s == nil {
+		chunk := make([]slot, slotChunk)
+		for i := 0; i < slotChunk-1; i++ {
+			chunk[i].next = &chunk[i+1]
+		}
+		s = &chunk[0]
+	}
+	sp.free = s.next
+	sp.seq++
+	tok := sp.seq
+	sp.mu.Unlock()
+	s.next = nil
+	s.rep, s.r = p, r
+	s.tok.Store(tok)
+	return s, tok
+}
+
+func (sp *slotPool) put(s *slot) {
+	sp.mu.Lock()
+	s.next = sp.free
+	sp.free = s
+	sp.mu.Unlock()
+}

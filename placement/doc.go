@@ -1,0 +1,111 @@
+// Package placement decides which replica of a model serves each turn of a
+// conversation. It is pure (no I/O, no HTTP) and safe for concurrent use: one
+// Router per model.
+//
+// # Inputs
+//
+// The Router knows a set of replicas (SetReplicas, SetAvailable), the polled
+// load of each (UpdateLoad: running, waiting, KV usage) and, fresher than any
+// poll, the requests it routed itself that are still in flight: every
+// successful Route holds one in-flight slot on the chosen replica until its
+// Decision is released.
+//
+// Throughout, the running count of a replica is
+//
+//	running = max(in-flight through this router, polled running)
+//
+// (polled numbers are used only while Load.Reachable is true). A replica is
+// over the spill threshold when running > SpillThreshold, measured before the
+// request being routed is counted. With the default threshold (auto =
+// max(1, MaxNumSeqs/4)) a replica at exactly the threshold still takes sticky
+// turns; one more and its conversations may spill.
+//
+// Availability is what SetAvailable says (replicas are available when added);
+// Load.Reachable only decides whether the polled numbers are trusted. A
+// replica named in Request.Exclude is treated as unavailable for that request.
+//
+// # Rules
+//
+// Route applies, in order:
+//
+//  1. Client pin: Request.Pin names a known, available, not excluded replica →
+//     that replica, ReasonClientPinned. With affinity on and a key, the
+//     conversation is (re)bound there, so the next turn follows the cache the
+//     pinned turn leaves. A pin to an unknown or unavailable replica is ignored.
+//
+//  2. Affinity off → ReasonAffinityOff; no key → ReasonNoKey. Both pick per
+//     request, like vLLM's own balancer: the least
+//
+//     waiting×4 + running
+//
+//     (waiting is the polled queue), ties broken by fewer in-flight, then
+//     round-robin. Nothing is bound; existing bindings are kept for when
+//     affinity comes back on.
+//
+//  3. Key bound to an available replica that is not over the threshold →
+//     ReasonSticky.
+//
+//  4. Key bound to a replica over the threshold → the best placement among the
+//     other replicas that are not over the threshold, the conversation is
+//     re-bound there, ReasonSpilled (counted as spill-accepted at the target).
+//     When no such replica exists, the turn stays: ReasonStayedOverloaded.
+//
+//  5. Key bound to a replica that was removed, is unavailable or excluded →
+//     placed anew and re-bound, ReasonReplaced.
+//
+//  6. New key (never seen, expired or evicted) → ReasonPlaced. When
+//     Request.Parent is bound to an available replica that is not over the
+//     threshold, the new conversation goes there (a sub-agent shares its
+//     parent's system prompt and tools); otherwise it is placed by score.
+//
+// # Placement score
+//
+// Rules 4, 5 and 6 choose among candidate replicas by comparing, in order:
+//
+//  1. not over the threshold before over it;
+//  2. fewer running (as defined above);
+//  3. fewer active conversations held (bindings used within ActiveWindow);
+//  4. lower KV cache usage (polled, 0–1);
+//  5. exact ties: round-robin — the scan starts one replica further on each
+//     decision, and the first of equals wins, so a burst of new conversations
+//     on an idle model spreads evenly.
+//
+// Each placement scans all replicas once: linear in their number.
+//
+// # Bindings
+//
+// A binding maps a conversation key to a replica. It expires after IdleTTL
+// without a turn (checked when the key is looked up, a few of the oldest on
+// every Route, and all of them by Sweep), and the least recently used binding
+// is evicted when MaxBindings is reached. Keys are stored as 64-bit hashes
+// (hash/maphash with a per-Router seed) in a compact entry of 40 bytes: two
+// distinct keys share a binding only on a 64-bit collision, about 3·10⁻⁸ for
+// a million live keys — harmless, since it only misplaces a cache. The
+// Router's notion of "now" for Bound and Snapshot is the latest time passed to
+// Route or Sweep.
+//
+// # Releasing
+//
+// A Decision is a small value. Release gives its in-flight slot back exactly
+// once, even when called on several copies or concurrently: the Router keeps
+// a table of slots, each holding the replica and a 64-bit token; Route stores
+// a fresh token in a free slot and the Decision carries the slot pointer and
+// the token; Release succeeds only for the copy that swaps the token out
+// (atomic compare-and-swap), so later calls — and calls on copies after the
+// slot was reused for another decision — see a different token and do
+// nothing. Slots are recycled, so routing does not allocate in steady state.
+//
+// # Counters
+//
+// Per replica, since the Router was created (Reconfigure keeps them): Sticky
+// (turns that stayed with their conversation's replica, including those that
+// stayed over the threshold), StayedOverloaded (the subset that stayed only
+// because every other replica was over the threshold too), Placed (new
+// conversations), SpillAccepted (conversations moved here from a replica over
+// the threshold), ClientPinned, Replaced (conversations moved here because
+// their replica went away), AffinityOff and NoKey (per-request picks),
+// InFlight (held now), Bindings (conversations bound here) and Active (of
+// those, used within ActiveWindow). The model's sticky share is Sticky over
+// KeyedRequests: requests with affinity on whose key had a live binding and
+// that carried no honoured pin.
+package placement

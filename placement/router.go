@@ -1,0 +1,634 @@
+package placement
+
+import (
+	"errors"
+	"hash/maphash"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Defaults applied to zero Config fields.
+const (
+	DefaultMaxNumSeqs   = 256
+	DefaultIdleTTL      = time.Hour
+	DefaultActiveWindow = 10 * time.Minute
+	DefaultMaxBindings  = 100000
+)
+
+// sweepPerRoute is how many expired bindings each Route removes from the
+// oldest end, so memory drains even when Sweep is never called.
+const sweepPerRoute = 2
+
+// ErrNoReplica is returned by Route when no replica is available.
+var ErrNoReplica = errors.New("placement: no replica available")
+
+// Config holds a Router's policy settings. Zero fields take the defaults.
+type Config struct {
+	// AffinityOff turns conversation affinity off: every request goes to
+	// the least-loaded replica. The zero value means affinity on.
+	AffinityOff bool
+	// MaxNumSeqs is the model's max_num_seqs per replica (default 256).
+	MaxNumSeqs int
+	// SpillThreshold is the running count above which a replica is over
+	// the threshold. Zero or negative means auto: max(1, MaxNumSeqs/4).
+	SpillThreshold int
+	// IdleTTL is how long a binding lives without a turn (default 1h).
+	IdleTTL time.Duration
+	// ActiveWindow is how recently a conversation must have had a turn to
+	// count as active on its replica (default 10m).
+	ActiveWindow time.Duration
+	// MaxBindings caps the number of bound conversations; the least
+	// recently used is evicted beyond it (default 100000).
+	MaxBindings int
+}
+
+func (c Config) withDefaults() Config {
+	if c.MaxNumSeqs <= 0 {
+		c.MaxNumSeqs = DefaultMaxNumSeqs
+	}
+	if c.SpillThreshold < 0 {
+		c.SpillThreshold = 0
+	}
+	if c.IdleTTL <= 0 {
+		c.IdleTTL = DefaultIdleTTL
+	}
+	if c.ActiveWindow <= 0 {
+		c.ActiveWindow = DefaultActiveWindow
+	}
+	if c.MaxBindings <= 0 {
+		c.MaxBindings = DefaultMaxBindings
+	}
+	return c
+}
+
+func (c Config) threshold() int {
+	if c.SpillThreshold > 0 {
+		return c.SpillThreshold
+	}
+	return max(1, c.MaxNumSeqs/4)
+}
+
+// Load is the polled state of a replica.
+type Load struct {
+	Running   int       // requests the engine is running
+	Waiting   int       // requests queued in the engine
+	KVUsage   float64   // KV cache in use, 0–1
+	Reachable bool      // the last poll succeeded; polled numbers are used only when true
+	Seen      time.Time // when these numbers were taken
+}
+
+// Request describes one turn to route.
+type Request struct {
+	Key     string    // conversation key; "" = none
+	Pin     string    // replica the client asked for; "" = none
+	Parent  string    // parent conversation's key (sub-agent); used when Key is new
+	Now     time.Time // zero = time.Now()
+	Exclude []string  // replicas not to choose for this request
+}
+
+// Reason says why a replica was chosen.
+type Reason uint8
+
+// Reasons returned in Decision.Reason.
+const (
+	ReasonAffinityOff Reason = iota + 1
+	ReasonNoKey
+	ReasonSticky
+	ReasonPlaced
+	ReasonSpilled
+	ReasonStayedOverloaded
+	ReasonReplaced
+	ReasonClientPinned
+)
+
+var reasonNames = [...]string{
+	ReasonAffinityOff:      "affinity-off",
+	ReasonNoKey:            "no-key",
+	ReasonSticky:           "sticky",
+	ReasonPlaced:           "placed",
+	ReasonSpilled:          "spilled",
+	ReasonStayedOverloaded: "stayed-overloaded",
+	ReasonReplaced:         "re-placed",
+	ReasonClientPinned:     "client-pinned",
+}
+
+// String returns the reason's short name, e.g. "sticky".
+func (r Reason) String() string {
+	if int(r) < len(reasonNames) && reasonNames[r] != "" {
+		return reasonNames[r]
+	}
+	return "unknown"
+}
+
+// replica is the Router's state for one replica ID. Replicas are never
+// deleted from the table (only marked absent), so bindings and outstanding
+// decisions can refer to them by index or pointer; an ID that comes back
+// gets its old entry, and its bindings become valid again.
+type replica struct {
+	id       string
+	idx      int32
+	present  bool
+	avail    bool
+	inflight atomic.Int64
+	load     Load
+
+	// bindings list, most recent first; entries head..activeTail are active.
+	head, tail, activeTail int32
+	bindings, active       int
+
+	sticky, stayed, placed, spill, pinned, replaced, affOff, noKey uint64
+
+	exclEpoch uint64 // equals Router.exclEpoch when excluded for the current request
+}
+
+func (p *replica) running() int {
+	n := int(p.inflight.Load())
+	if p.load.Reachable && p.load.Running > n {
+		n = p.load.Running
+	}
+	return n
+}
+
+func (p *replica) waiting() int {
+	if p.load.Reachable {
+		return p.load.Waiting
+	}
+	return 0
+}
+
+func (p *replica) kv() float64 {
+	if p.load.Reachable {
+		return p.load.KVUsage
+	}
+	return 0
+}
+
+// Router places conversations on replicas. Create one with NewRouter.
+type Router struct {
+	mu        sync.Mutex
+	cfg       Config
+	threshold int
+	seed      maphash.Seed
+	since     time.Time
+	clock     int64 // latest time seen, unix nanos
+
+	reps  []*replica       // every replica ever known, by index
+	byID  map[string]int32 // ID → index
+	order []int32          // present replicas, in SetReplicas order
+	rr    uint32           // round-robin offset for ties
+
+	exclEpoch uint64
+
+	b bindings
+
+	requests, keyed, sticky uint64
+
+	inflight atomic.Int64
+	slots    slotPool
+}
+
+// NewRouter returns a Router with cfg (defaults filled) and no replicas.
+func NewRouter(cfg Config) *Router {
+	r := &Router{
+		seed:  maphash.MakeSeed(),
+		since: time.Now(),
+		byID:  make(map[string]int32),
+	}
+	r.b.init()
+	r.slots.init()
+	r.setConfig(cfg)
+	return r
+}
+
+func (r *Router) setConfig(cfg Config) {
+	r.cfg = cfg.withDefaults()
+	r.threshold = r.cfg.threshold()
+}
+
+// Reconfigure replaces the policy settings, keeping replicas, bindings and
+// counters. Lowering MaxBindings evicts the least recently used at once.
+func (r *Router) Reconfigure(cfg Config) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.setConfig(cfg)
+	for r.b.n > r.cfg.MaxBindings {
+		r.removeEntry(r.b.gtail)
+	}
+}
+
+// Config returns the settings in use, defaults filled in.
+func (r *Router) Config() Config {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.cfg
+}
+
+// SpillThreshold returns the threshold in use and whether it was derived
+// from MaxNumSeqs (auto).
+func (r *Router) SpillThreshold() (n int, auto bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.threshold, r.cfg.SpillThreshold == 0
+}
+
+// SetAffinity turns conversation affinity on or off. Bindings are kept.
+func (r *Router) SetAffinity(on bool) {
+	r.mu.Lock()
+	r.cfg.AffinityOff = !on
+	r.mu.Unlock()
+}
+
+// Affinity reports whether conversation affinity is on.
+func (r *Router) Affinity() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return !r.cfg.AffinityOff
+}
+
+// SetReplicas sets the replica IDs. New IDs are added as available; IDs not
+// in ids are removed, and conversations bound to them are placed anew on
+// their next turn (ReasonReplaced). Order matters only for round-robin.
+func (r *Router) SetReplicas(ids []string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.exclEpoch++ // marks the replicas named in ids
+	mark := r.exclEpoch
+	r.order = r.order[:0]
+	for _, id := range ids {
+		i, ok := r.byID[id]
+		if !ok {
+			i = int32(len(r.reps))
+			r.reps = append(r.reps, &replica{id: id, idx: i, head: nilIdx, tail: nilIdx, activeTail: nilIdx})
+			r.byID[id] = i
+		}
+		p := r.reps[i]
+		if p.exclEpoch == mark {
+			continue // duplicate ID
+		}
+		p.exclEpoch = mark
+		if !p.present {
+			p.present, p.avail = true, true
+		}
+		r.order = append(r.order, i)
+	}
+	for _, p := range r.reps {
+		if p.exclEpoch != mark {
+			p.present = false
+		}
+	}
+	r.exclEpoch++
+}
+
+// SetAvailable marks a replica available or not. Unknown IDs are ignored.
+func (r *Router) SetAvailable(id string, ok bool) {
+	r.mu.Lock()
+	if i, found := r.byID[id]; found {
+		r.reps[i].avail = ok
+	}
+	r.mu.Unlock()
+}
+
+// UpdateLoad records polled numbers for a replica. Unknown IDs are ignored.
+func (r *Router) UpdateLoad(id string, l Load) {
+	r.mu.Lock()
+	if i, found := r.byID[id]; found {
+		r.reps[i].load = l
+	}
+	r.mu.Unlock()
+}
+
+func (r *Router) now(t time.Time) int64 {
+	var n int64
+	if t.IsZero() {
+		n = time.Now().UnixNano()
+	} else {
+		n = t.UnixNano()
+	}
+	if n > r.clock {
+		r.clock = n
+	}
+	return r.clock
+}
+
+func (r *Router) usable(p *replica) bool {
+	return p.present && p.avail && p.exclEpoch != r.exclEpoch
+}
+
+// Route chooses the replica for one request and takes an in-flight slot on
+// it; call Release on the Decision when the request is done. It returns
+// ErrNoReplica when no replica is available.
+func (r *Router) Route(req Request) (Decision, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := r.now(req.Now)
+	r.exclEpoch++
+	for _, id := range req.Exclude {
+		if i, ok := r.byID[id]; ok {
+			r.reps[i].exclEpoch = r.exclEpoch
+		}
+	}
+	r.expireOldest(now, sweepPerRoute)
+	affinity := !r.cfg.AffinityOff && req.Key != ""
+
+	// Rule: client pin.
+	if req.Pin != "" {
+		if i, ok := r.byID[req.Pin]; ok && r.usable(r.reps[i]) {
+			p := r.reps[i]
+			if affinity {
+				r.bind(r.hash(req.Key), p, now)
+			}
+			p.pinned++
+			return r.take(p, ReasonClientPinned), nil
+		}
+	}
+	if !affinity {
+		p := r.leastQueued()
+		if p == nil {
+			return Decision{}, ErrNoReplica
+		}
+		reason := ReasonNoKey
+		if r.cfg.AffinityOff {
+			reason = ReasonAffinityOff
+			p.affOff++
+		} else {
+			p.noKey++
+		}
+		return r.take(p, reason), nil
+	}
+
+	h := r.hash(req.Key)
+	e := r.lookup(h, now)
+	if e == nilIdx {
+		// New conversation: parent's replica first, then by score.
+		var p *replica
+		if req.Parent != "" {
+			if pe := r.lookup(r.hash(req.Parent), now); pe != nilIdx {
+				if q := r.reps[r.b.ents[pe].rep]; r.usable(q) && q.running() <= r.threshold {
+					p = q
+				}
+			}
+		}
+		if p == nil {
+			p = r.best(now, nil, false)
+		}
+		if p == nil {
+			return Decision{}, ErrNoReplica
+		}
+		r.insert(h, p, now)
+		p.placed++
+		return r.take(p, ReasonPlaced), nil
+	}
+
+	bound := r.reps[r.b.ents[e].rep]
+	if !r.usable(bound) {
+		p := r.best(now, nil, false)
+		if p == nil {
+			return Decision{}, ErrNoReplica
+		}
+		r.keyed++
+		r.rebind(e, p, now)
+		p.replaced++
+		return r.take(p, ReasonReplaced), nil
+	}
+	r.keyed++
+	if bound.running() > r.threshold {
+		if p := r.best(now, bound, true); p != nil {
+			r.rebind(e, p, now)
+			p.spill++
+			return r.take(p, ReasonSpilled), nil
+		}
+		r.touch(e, now)
+		r.sticky++
+		bound.sticky++
+		bound.stayed++
+		return r.take(bound, ReasonStayedOverloaded), nil
+	}
+	r.touch(e, now)
+	r.sticky++
+	bound.sticky++
+	return r.take(bound, ReasonSticky), nil
+}
+
+func (r *Router) hash(key string) uint64 { return maphash.String(r.seed, key) }
+
+// take counts the request and holds an in-flight slot on p.
+func (r *Router) take(p *replica, reason Reason) Decision {
+	r.requests++
+	p.inflight.Add(1)
+	r.inflight.Add(1)
+	s, tok := r.slots.get(p, r)
+	return Decision{Replica: p.id, Reason: reason, s: s, tok: tok}
+}
+
+// leastQueued implements the per-request pick: least waiting×4 + running,
+// then fewer in-flight, then round-robin.
+func (r *Router) leastQueued() *replica {
+	n := len(r.order)
+	if n == 0 {
+		return nil
+	}
+	r.rr++
+	start := int(r.rr % uint32(n))
+	var best *replica
+	var bScore int
+	var bIn int64
+	for k := 0; k < n; k++ {
+		j := start + k
+		if j >= n {
+			j -= n
+		}
+		p := r.reps[r.order[j]]
+		if !r.usable(p) {
+			continue
+		}
+		score := p.waiting()*4 + p.running()
+		in := p.inflight.Load()
+		if best == nil || score < bScore || (score == bScore && in < bIn) {
+			best, bScore, bIn = p, score, in
+		}
+	}
+	return best
+}
+
+// best returns the usable replica with the best placement score, skipping
+// skip; with underOnly it returns only a replica not over the threshold.
+func (r *Router) best(now int64, skip *replica, underOnly bool) *replica {
+	n := len(r.order)
+	if n == 0 {
+		return nil
+	}
+	r.rr++
+	start := int(r.rr % uint32(n))
+	cutoff := now - int64(r.cfg.ActiveWindow)
+	var best *replica
+	var bOver bool
+	var bRun, bAct int
+	var bKV float64
+	for k := 0; k < n; k++ {
+		j := start + k
+		if j >= n {
+			j -= n
+		}
+		p := r.reps[r.order[j]]
+		if p == skip || !r.usable(p) {
+			continue
+		}
+		run := p.running()
+		over := run > r.threshold
+		if over && underOnly {
+			continue
+		}
+		r.expireActive(p, cutoff)
+		act, kv := p.active, p.kv()
+		if best == nil {
+			best, bOver, bRun, bAct, bKV = p, over, run, act, kv
+			continue
+		}
+		if over != bOver {
+			if !over {
+				best, bOver, bRun, bAct, bKV = p, over, run, act, kv
+			}
+			continue
+		}
+		if run != bRun {
+			if run < bRun {
+				best, bOver, bRun, bAct, bKV = p, over, run, act, kv
+			}
+			continue
+		}
+		if act != bAct {
+			if act < bAct {
+				best, bOver, bRun, bAct, bKV = p, over, run, act, kv
+			}
+			continue
+		}
+		if kv < bKV {
+			best, bOver, bRun, bAct, bKV = p, over, run, act, kv
+		}
+	}
+	return best
+}
+
+// Unbind forgets the conversation's binding; it reports whether one existed.
+func (r *Router) Unbind(key string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e, ok := r.b.idx[r.hash(key)]
+	if !ok {
+		return false
+	}
+	r.removeEntry(e)
+	return true
+}
+
+// Bound returns the replica the conversation is bound to, if its binding is
+// live as of the latest time seen by Route or Sweep. It does not refresh
+// the binding.
+func (r *Router) Bound(key string) (replica string, ok bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e, found := r.b.idx[r.hash(key)]
+	if !found || r.clock-r.b.ents[e].last > int64(r.cfg.IdleTTL) {
+		return "", false
+	}
+	return r.reps[r.b.ents[e].rep].id, true
+}
+
+// Sweep removes every binding idle for longer than IdleTTL at now and
+// returns how many it removed. Call it periodically; Route also removes a
+// few expired bindings on each call.
+func (r *Router) Sweep(now time.Time) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.expireOldest(r.now(now), -1)
+}
+
+// Len returns the number of bindings held (expired ones not yet swept
+// included).
+func (r *Router) Len() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.b.n
+}
+
+// Snapshot is the Router's state for the routing card.
+type Snapshot struct {
+	Affinity       bool
+	SpillThreshold int
+	SpillAuto      bool
+	MaxNumSeqs     int
+	InFlight       int
+	Requests       uint64  // routed requests since start
+	KeyedRequests  uint64  // requests with affinity on whose key had a live binding (no honoured pin)
+	StickyRequests uint64  // of those, the ones that stayed on their replica
+	StickyShare    float64 // StickyRequests / KeyedRequests; 0 when none
+	Bindings       int
+	Since          time.Time         // when the counters started
+	Replicas       []ReplicaSnapshot // present replicas, sorted by ID
+}
+
+// ReplicaSnapshot is one replica's row of the routing card.
+type ReplicaSnapshot struct {
+	ID        string
+	Available bool
+	InFlight  int // requests held through this router now
+
+	Sticky           uint64 // turns that stayed (including StayedOverloaded)
+	StayedOverloaded uint64 // stayed because every other replica was over the threshold too
+	Placed           uint64 // new conversations placed here
+	SpillAccepted    uint64 // conversations moved here from a replica over the threshold
+	ClientPinned     uint64 // requests the client pinned here
+	Replaced         uint64 // conversations moved here because their replica went away
+	AffinityOff      uint64 // per-request picks with affinity off
+	NoKey            uint64 // per-request picks for requests without a key
+
+	Bindings int // conversations currently bound here
+	Active   int // of those, used within ActiveWindow
+	Load     Load
+}
+
+// Snapshot returns counters and state as of the latest time seen by Route
+// or Sweep.
+func (r *Router) Snapshot() Snapshot {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := Snapshot{
+		Affinity:       !r.cfg.AffinityOff,
+		SpillThreshold: r.threshold,
+		SpillAuto:      r.cfg.SpillThreshold == 0,
+		MaxNumSeqs:     r.cfg.MaxNumSeqs,
+		InFlight:       int(r.inflight.Load()),
+		Requests:       r.requests,
+		KeyedRequests:  r.keyed,
+		StickyRequests: r.sticky,
+		Bindings:       r.b.n,
+		Since:          r.since,
+		Replicas:       make([]ReplicaSnapshot, 0, len(r.order)),
+	}
+	if r.keyed > 0 {
+		s.StickyShare = float64(r.sticky) / float64(r.keyed)
+	}
+	cutoff := r.clock - int64(r.cfg.ActiveWindow)
+	for _, i := range r.order {
+		p := r.reps[i]
+		r.expireActive(p, cutoff)
+		s.Replicas = append(s.Replicas, ReplicaSnapshot{
+			ID: p.id, Available: p.avail, InFlight: int(p.inflight.Load()),
+			Sticky: p.sticky, StayedOverloaded: p.stayed, Placed: p.placed, SpillAccepted: p.spill,
+			ClientPinned: p.pinned, Replaced: p.replaced, AffinityOff: p.affOff, NoKey: p.noKey,
+			Bindings: p.bindings, Active: p.active, Load: p.load,
+		})
+	}
+	slices.SortFunc(s.Replicas, func(a, b ReplicaSnapshot) int {
+		switch {
+		case a.ID < b.ID:
+			return -1
+		case a.ID > b.ID:
+			return 1
+		}
+		return 0
+	})
+	return s
+}

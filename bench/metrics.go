@@ -1,0 +1,191 @@
+package bench
+
+import (
+	"math"
+	"sort"
+	"time"
+)
+
+// TurnRecord is what the client saw of one turn. Times are offsets from the
+// start of the run on the engine's clock.
+type TurnRecord struct {
+	Session    int // serial of the session
+	Turn       int // 0-based
+	LastTurn   bool
+	Start      time.Duration
+	FirstToken time.Duration // 0 when no content token arrived
+	End        time.Duration
+	Output     int    // output tokens received (usage when reported, else counted)
+	Replica    string // replica that served, "" when unknown
+	Err        bool
+}
+
+// ReplicaCounters are one replica's numbers at one poll.
+type ReplicaCounters struct {
+	Running float64
+	Hits    float64 // prefix_cache_hits_total
+	Queries float64 // prefix_cache_queries_total
+}
+
+// Poll is one round of reading every reachable replica's counters. A replica
+// that could not be read is absent.
+type Poll struct {
+	At       time.Duration
+	Replicas map[string]ReplicaCounters
+}
+
+// Window is the measured part of a stage: [From, To) on the engine clock.
+type Window struct {
+	From, To time.Duration
+}
+
+// Seconds is the window's length in seconds.
+func (w Window) Seconds() float64 { return (w.To - w.From).Seconds() }
+
+func (w Window) contains(t time.Duration) bool { return t >= w.From && t < w.To }
+
+// Stage is one row of the report: one number of concurrent sessions under
+// one routing mode. The JSON names are the report's stable interface.
+type Stage struct {
+	Mode               string  `json:"mode"`
+	Policy             string  `json:"policy"`
+	Sessions           int     `json:"sessions"`
+	DurationS          float64 `json:"duration_s"`
+	SessionsPerHour    float64 `json:"sessions_per_hour"`
+	OutputTokensPerMin float64 `json:"output_tokens_per_min"`
+	TTFBP50S           float64 `json:"ttfb_p50_s"`
+	TTFBP95S           float64 `json:"ttfb_p95_s"`
+	ReplicasBusy       float64 `json:"replicas_busy"`
+	PrefixHitPct       float64 `json:"prefix_hit_pct"`
+	StayedPct          float64 `json:"stayed_pct"`
+	Requests           int     `json:"requests"`
+	Errors             int     `json:"errors"`
+}
+
+// Measure computes a stage's numbers from the turns and polls of a run,
+// counting only what falls inside w. turns may hold the whole run (the
+// previous turn of a session is looked up across the window's start).
+func Measure(turns []TurnRecord, polls []Poll, w Window) Stage {
+	st := Stage{DurationS: w.Seconds()}
+	if st.DurationS <= 0 {
+		return st
+	}
+	ordered := append([]TurnRecord(nil), turns...)
+	sort.SliceStable(ordered, func(i, j int) bool {
+		if ordered[i].Session != ordered[j].Session {
+			return ordered[i].Session < ordered[j].Session
+		}
+		return ordered[i].Turn < ordered[j].Turn
+	})
+	var (
+		ttfb                []float64
+		outTokens, finished int
+		stayedN, stayedOf   int
+	)
+	for i, t := range ordered {
+		if t.FirstToken > 0 && !t.Err && w.contains(t.FirstToken) {
+			ttfb = append(ttfb, (t.FirstToken - t.Start).Seconds())
+		}
+		if !w.contains(t.End) {
+			continue
+		}
+		st.Requests++
+		if t.Err {
+			st.Errors++
+			continue
+		}
+		outTokens += t.Output
+		if t.LastTurn {
+			finished++
+		}
+		if t.Turn > 0 && t.Replica != "" && i > 0 {
+			prev := ordered[i-1]
+			if prev.Session == t.Session && prev.Turn == t.Turn-1 && !prev.Err && prev.Replica != "" {
+				stayedOf++
+				if prev.Replica == t.Replica {
+					stayedN++
+				}
+			}
+		}
+	}
+	st.SessionsPerHour = float64(finished) * 3600 / st.DurationS
+	st.OutputTokensPerMin = float64(outTokens) * 60 / st.DurationS
+	sort.Float64s(ttfb)
+	st.TTFBP50S = Percentile(ttfb, 0.50)
+	st.TTFBP95S = Percentile(ttfb, 0.95)
+	if stayedOf > 0 {
+		st.StayedPct = 100 * float64(stayedN) / float64(stayedOf)
+	}
+	st.ReplicasBusy = ReplicasBusy(polls, w)
+	st.PrefixHitPct = PrefixHitPct(polls, w)
+	return st
+}
+
+// Percentile is the nearest-rank p-quantile (0 < p ≤ 1) of sorted values,
+// 0 for none.
+func Percentile(sorted []float64, p float64) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(math.Ceil(p*float64(len(sorted)))) - 1
+	i = max(0, min(i, len(sorted)-1))
+	return sorted[i]
+}
+
+// ReplicasBusy averages, over the polls inside w, the number of replicas
+// running at least one request.
+func ReplicasBusy(polls []Poll, w Window) float64 {
+	n, sum := 0, 0
+	for _, p := range polls {
+		if !w.contains(p.At) {
+			continue
+		}
+		n++
+		for _, c := range p.Replicas {
+			if c.Running >= 1 {
+				sum++
+			}
+		}
+	}
+	if n == 0 {
+		return 0
+	}
+	return float64(sum) / float64(n)
+}
+
+// PrefixHitPct is 100 × Δhits / Δqueries summed over replicas across the
+// polls inside w (the last poll before w included as the baseline). A
+// counter that drops has been reset: its new value is the delta.
+func PrefixHitPct(polls []Poll, w Window) float64 {
+	var hits, queries float64
+	last := map[string]ReplicaCounters{}
+	for _, p := range polls {
+		if p.At >= w.To {
+			break
+		}
+		if p.At >= w.From {
+			for id, c := range p.Replicas {
+				prev, ok := last[id]
+				if !ok {
+					continue
+				}
+				hits += counterDelta(prev.Hits, c.Hits)
+				queries += counterDelta(prev.Queries, c.Queries)
+			}
+		}
+		for id, c := range p.Replicas {
+			last[id] = c
+		}
+	}
+	if queries <= 0 {
+		return 0
+	}
+	return 100 * hits / queries
+}
+
+func counterDelta(prev, cur float64) float64 {
+	if cur < prev {
+		return cur
+	}
+	return cur - prev
+}

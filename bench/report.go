@@ -1,0 +1,183 @@
+package bench
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/dustin/go-humanize"
+)
+
+// Report is the result of a run: every stage under every mode, plus what
+// produced it. It is written as JSON with the stages under "stages".
+type Report struct {
+	Kind     string   `json:"kind"`            // "sim" or "http"
+	Speed    float64  `json:"speed,omitempty"` // engine seconds per wall second
+	Workload Workload `json:"workload"`
+	Stages   []Stage  `json:"stages"`
+}
+
+// WriteJSON writes the report, indented.
+func (r *Report) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
+}
+
+// ReadReport decodes a report written by WriteJSON.
+func ReadReport(rd io.Reader) (*Report, error) {
+	var r Report
+	if err := json.NewDecoder(rd).Decode(&r); err != nil {
+		return nil, fmt.Errorf("reading report: %w", err)
+	}
+	return &r, nil
+}
+
+// Find returns the stage of a mode and session count.
+func (r *Report) Find(mode string, sessions int) (Stage, bool) {
+	for _, s := range r.Stages {
+		if s.Mode == mode && s.Sessions == sessions {
+			return s, true
+		}
+	}
+	return Stage{}, false
+}
+
+// Modes lists the report's modes in first-seen order.
+func (r *Report) Modes() []string {
+	var modes []string
+	seen := map[string]bool{}
+	for _, s := range r.Stages {
+		if !seen[s.Mode] {
+			seen[s.Mode] = true
+			modes = append(modes, s.Mode)
+		}
+	}
+	return modes
+}
+
+// SessionCounts lists the stages' session counts, ascending.
+func (r *Report) SessionCounts() []int {
+	seen := map[int]bool{}
+	var ns []int
+	for _, s := range r.Stages {
+		if !seen[s.Sessions] {
+			seen[s.Sessions] = true
+			ns = append(ns, s.Sessions)
+		}
+	}
+	sort.Ints(ns)
+	return ns
+}
+
+// WriteTable prints the brief's table: one row per session count with
+// "off → on" pairs, then, when the run has other modes, one row per stage.
+func (r *Report) WriteTable(w io.Writer) error {
+	var b strings.Builder
+	modes := r.Modes()
+	has := func(m string) bool {
+		for _, x := range modes {
+			if x == m {
+				return true
+			}
+		}
+		return false
+	}
+	if has(ModeOff) && has(ModeOn) {
+		b.WriteString("| Sessions | Sessions/h off → on | Output tok/min off → on | TTFB p50 off → on (s) | TTFB p95 off → on (s) | Replicas busy off → on | Prefix hits off → on (%) | Stayed on replica off → on (%) | Requests (errors) off → on |\n")
+		b.WriteString("|---|---|---|---|---|---|---|---|---|\n")
+		for _, n := range r.SessionCounts() {
+			off, ok1 := r.Find(ModeOff, n)
+			on, ok2 := r.Find(ModeOn, n)
+			if !ok1 || !ok2 {
+				continue
+			}
+			fmt.Fprintf(&b, "| %d | %s → %s | %s → %s | %s → %s | %s → %s | %s → %s | %s → %s | %s → %s | %s → %s |\n", n,
+				fnum(off.SessionsPerHour, 0), fnum(on.SessionsPerHour, 0),
+				fnum(off.OutputTokensPerMin, 0), fnum(on.OutputTokensPerMin, 0),
+				fsec(off.TTFBP50S), fsec(on.TTFBP50S),
+				fsec(off.TTFBP95S), fsec(on.TTFBP95S),
+				fnum(off.ReplicasBusy, 2), fnum(on.ReplicasBusy, 2),
+				fnum(off.PrefixHitPct, 1), fnum(on.PrefixHitPct, 1),
+				fnum(off.StayedPct, 1), fnum(on.StayedPct, 1),
+				freq(off), freq(on))
+		}
+	}
+	if len(modes) > 2 || !has(ModeOff) || !has(ModeOn) {
+		if b.Len() > 0 {
+			b.WriteString("\n")
+		}
+		b.WriteString("| Sessions | Mode | Policy | Sessions/h | Output tok/min | TTFB p50 (s) | TTFB p95 (s) | Replicas busy | Prefix hits (%) | Stayed (%) | Requests (errors) |\n")
+		b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|\n")
+		for _, n := range r.SessionCounts() {
+			for _, m := range modes {
+				s, ok := r.Find(m, n)
+				if !ok {
+					continue
+				}
+				fmt.Fprintf(&b, "| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", n, s.Mode, s.Policy,
+					fnum(s.SessionsPerHour, 0), fnum(s.OutputTokensPerMin, 0), fsec(s.TTFBP50S), fsec(s.TTFBP95S),
+					fnum(s.ReplicasBusy, 2), fnum(s.PrefixHitPct, 1), fnum(s.StayedPct, 1), freq(s))
+			}
+		}
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func fnum(v float64, decimals int) string {
+	if decimals == 0 {
+		return humanize.Comma(int64(v + 0.5))
+	}
+	return humanize.CommafWithDigits(v, decimals)
+}
+
+func fsec(v float64) string {
+	if v < 10 {
+		return fmt.Sprintf("%.2f", v)
+	}
+	return fmt.Sprintf("%.1f", v)
+}
+
+func freq(s Stage) string { return fmt.Sprintf("%d (%d)", s.Requests, s.Errors) }
+
+// WriteFiles writes report.json, table.md and the charts into dir (created
+// when missing) and returns the paths written.
+func (r *Report) WriteFiles(dir string) ([]string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("creating output directory: %w", err)
+	}
+	var paths []string
+	write := func(name string, fn func(io.Writer) error) error {
+		p := filepath.Join(dir, name)
+		f, err := os.Create(p)
+		if err != nil {
+			return fmt.Errorf("writing %s: %w", p, err)
+		}
+		if err := fn(f); err != nil {
+			f.Close()
+			return fmt.Errorf("writing %s: %w", p, err)
+		}
+		if err := f.Close(); err != nil {
+			return fmt.Errorf("writing %s: %w", p, err)
+		}
+		paths = append(paths, p)
+		return nil
+	}
+	if err := write("report.json", r.WriteJSON); err != nil {
+		return paths, err
+	}
+	if err := write("table.md", r.WriteTable); err != nil {
+		return paths, err
+	}
+	for _, c := range r.Charts() {
+		if err := write(c.File, c.Render); err != nil {
+			return paths, err
+		}
+	}
+	return paths, nil
+}

@@ -1,0 +1,106 @@
+package bench
+
+import (
+	"bytes"
+	"image/png"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func sampleReport() *Report {
+	r := &Report{Kind: "sim", Workload: DefaultWorkload()}
+	for _, n := range []int{4, 8} {
+		for i, m := range []string{ModeOff, ModeOn, ModeHeader} {
+			r.Stages = append(r.Stages, Stage{Mode: m, Policy: "test", Sessions: n, DurationS: 180,
+				SessionsPerHour: float64(100 * n), OutputTokensPerMin: float64(1000*n + i), TTFBP50S: 0.1 * float64(i+1),
+				TTFBP95S: 3 * float64(n), ReplicasBusy: 2.5, PrefixHitPct: 40 + 10*float64(i), StayedPct: 100, Requests: 10 * n, Errors: i})
+		}
+	}
+	return r
+}
+
+func TestReportTable(t *testing.T) {
+	var b bytes.Buffer
+	if err := sampleReport().WriteTable(&b); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	for _, want := range []string{
+		"| Sessions | Sessions/h off → on |",
+		"| 4 | 400 → 400 | 4,000 → 4,001 | 0.10 → 0.20 | 12.0 → 12.0 | 2.50 → 2.50 | 40.0 → 50.0 | 100.0 → 100.0 | 40 (0) → 40 (1) |",
+		"| 8 | header | test | 800 | 8,002 |",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+func TestReportJSONRoundTrip(t *testing.T) {
+	r := sampleReport()
+	var b bytes.Buffer
+	if err := r.WriteJSON(&b); err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{`"stages"`, `"mode"`, `"policy"`, `"sessions"`, `"duration_s"`, `"sessions_per_hour"`, `"output_tokens_per_min"`,
+		`"ttfb_p50_s"`, `"ttfb_p95_s"`, `"replicas_busy"`, `"prefix_hit_pct"`, `"stayed_pct"`, `"requests"`, `"errors"`} {
+		if !strings.Contains(b.String(), key) {
+			t.Errorf("JSON lacks %s", key)
+		}
+	}
+	back, err := ReadReport(&b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(back.Stages) != len(r.Stages) || back.Stages[3] != r.Stages[3] {
+		t.Errorf("round trip changed the stages")
+	}
+}
+
+func TestReportFilesAndCharts(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		r    *Report
+	}{
+		{"sweep", sampleReport()},
+		{"one stage", &Report{Stages: []Stage{{Mode: ModeOn, Sessions: 4, TTFBP50S: 0, TTFBP95S: 0.5}}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			paths, err := tc.r.WriteFiles(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := []string{"report.json", "table.md", "ttfb.png", "prefix_hits.png", "replicas_busy.png", "output_tokens.png"}
+			if len(paths) != len(want) {
+				t.Fatalf("wrote %v", paths)
+			}
+			for _, name := range want {
+				p := filepath.Join(dir, name)
+				f, err := os.Open(p)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if strings.HasSuffix(name, ".png") {
+					img, err := png.Decode(f)
+					if err != nil {
+						t.Errorf("%s: %v", name, err)
+					} else if b := img.Bounds(); b.Dx() != 900 || b.Dy() != 500 {
+						t.Errorf("%s is %v", name, b)
+					}
+				}
+				f.Close()
+			}
+		})
+	}
+}
+
+func TestNiceCeil(t *testing.T) {
+	for _, tc := range []struct{ in, want float64 }{{0, 1}, {3.7, 5}, {4, 5}, {12000, 20000}, {100, 100}, {0.03, 0.05}} {
+		if got := niceCeil(tc.in); got != tc.want {
+			t.Errorf("niceCeil(%g) = %g, want %g", tc.in, got, tc.want)
+		}
+	}
+}

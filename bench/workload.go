@@ -1,0 +1,297 @@
+package bench
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+)
+
+// Workload describes the Claude-Code-like sessions of the brief. Sizes are in
+// tokens as counted by the workload's TokenCounter.
+type Workload struct {
+	// Seed makes two runs send identical prompts.
+	Seed uint64
+	// SystemTokens is the size of the system prompt shared by all sessions.
+	SystemTokens int
+	// FirstTokens is the size of a session's first user message.
+	FirstTokens int
+	// Turns is the number of turns per session, the first one included.
+	Turns int
+	// TurnTokens is the size of every later user message.
+	TurnTokens int
+	// OutputTokens is max_tokens of every turn.
+	OutputTokens int
+	// Jitter varies the first message and the later messages uniformly by
+	// ±Jitter (a fraction, e.g. 0.02) per session, so sessions are not all
+	// the same length. Zero gives exact targets.
+	Jitter float64
+	// Model is the model name sent in requests.
+	Model string
+}
+
+// DefaultWorkload is the brief's 4-GPU measurement: a 3.5k system prompt,
+// a 7.3k first message, five more turns of 400 tokens, 256 output tokens.
+func DefaultWorkload() Workload {
+	return Workload{
+		Seed:         1,
+		SystemTokens: 3500,
+		FirstTokens:  7300,
+		Turns:        6,
+		TurnTokens:   400,
+		OutputTokens: 256,
+		Jitter:       0.02,
+		Model:        "qwen3-4b",
+	}
+}
+
+// SevenGPUWorkload is the brief's second story: headless agents whose
+// sessions grow to about 58k tokens (3.5k system, 24k first message, eight
+// more turns of 3.5k, 256 output tokens per turn).
+func SevenGPUWorkload() Workload {
+	return Workload{
+		Seed:         1,
+		SystemTokens: 3500,
+		FirstTokens:  24000,
+		Turns:        9,
+		TurnTokens:   3500,
+		OutputTokens: 256,
+		Jitter:       0.02,
+		Model:        "gemma-27b",
+	}
+}
+
+// SessionTokens is the nominal size of a session's last prompt plus its last
+// answer: the KV a session holds when it ends.
+func (w Workload) SessionTokens() int {
+	return w.SystemTokens + w.FirstTokens + (w.Turns-1)*w.TurnTokens + w.Turns*w.OutputTokens
+}
+
+// Validate reports a workload that cannot run.
+func (w Workload) Validate() error {
+	switch {
+	case w.SystemTokens < 0, w.FirstTokens <= 0, w.TurnTokens < 0:
+		return fmt.Errorf("workload: sizes must be positive (system %d, first %d, turn %d)", w.SystemTokens, w.FirstTokens, w.TurnTokens)
+	case w.Turns < 1:
+		return fmt.Errorf("workload: turns must be at least 1, got %d", w.Turns)
+	case w.OutputTokens < 1:
+		return fmt.Errorf("workload: output tokens must be at least 1, got %d", w.OutputTokens)
+	case w.Jitter < 0 || w.Jitter >= 0.5:
+		return fmt.Errorf("workload: jitter must be in [0, 0.5), got %g", w.Jitter)
+	}
+	return nil
+}
+
+// TokenCounter counts the tokens of a text.
+type TokenCounter func(string) int
+
+// ApproxTokens counts about four bytes of English per token, the ratio of
+// real tokenizers and of the emulator's.
+func ApproxTokens(s string) int { return (len(s) + 3) / 4 }
+
+// Generator makes sessions of a workload. Session n of a generator is the
+// same for the same seed, sizes and counter. A Generator is not safe for
+// concurrent use; Session is cheap to call under a lock.
+type Generator struct {
+	w      Workload
+	count  TokenCounter
+	system string
+	next   int
+}
+
+// NewGenerator returns a generator of w's sessions. count nil means
+// ApproxTokens.
+func NewGenerator(w Workload, count TokenCounter) (*Generator, error) {
+	if err := w.Validate(); err != nil {
+		return nil, err
+	}
+	if count == nil {
+		count = ApproxTokens
+	}
+	g := &Generator{w: w, count: count}
+	r := rand.New(rand.NewPCG(w.Seed, 0x5157e3))
+	g.system = systemPreamble + textOfTokens(r, w.SystemTokens-count(systemPreamble), count)
+	return g, nil
+}
+
+// Workload returns the generator's workload.
+func (g *Generator) Workload() Workload { return g.w }
+
+// System returns the system prompt shared by all sessions.
+func (g *Generator) System() string { return g.system }
+
+// Next returns the next session, numbered from 0 in the order of calls.
+func (g *Generator) Next() *Session {
+	s := g.Session(g.next)
+	g.next++
+	return s
+}
+
+// Session returns session n.
+func (g *Generator) Session(n int) *Session {
+	r := rand.New(rand.NewPCG(g.w.Seed, uint64(n)+1))
+	s := &Session{
+		Serial: n,
+		ID:     uuidFrom(r),
+		System: g.system,
+		Model:  g.w.Model,
+	}
+	account := uuidFrom(r)
+	device := sha256.Sum256([]byte(fmt.Sprintf("device-%d-%d", g.w.Seed, n)))
+	s.UserID = "user_" + hex.EncodeToString(device[:]) + "_account_" + account + "_session_" + s.ID
+	s.Messages = make([]string, g.w.Turns)
+	for i := range s.Messages {
+		target := g.w.TurnTokens
+		if i == 0 {
+			target = g.w.FirstTokens
+		}
+		if g.w.Jitter > 0 {
+			target = int(float64(target) * (1 + g.w.Jitter*(2*r.Float64()-1)))
+		}
+		head := fmt.Sprintf("[turn %d of %s] ", i+1, s.ID[:8])
+		s.Messages[i] = head + textOfTokens(r, target-g.count(head), g.count)
+	}
+	s.OutputTokens = g.w.OutputTokens
+	return s
+}
+
+// Session is one conversation: a session ID as Claude Code sends it, the
+// shared system prompt and the user message of every turn. The answers are
+// filled in as the turns complete.
+type Session struct {
+	Serial       int
+	ID           string // X-Claude-Code-Session-Id, a UUID
+	UserID       string // metadata.user_id: user_<sha256>_account_<uuid>_session_<uuid>
+	Model        string
+	System       string
+	Messages     []string // user message of every turn
+	Answers      []string // assistant answer of every completed turn
+	OutputTokens int      // max_tokens per turn
+}
+
+// Turns is the number of turns of the session.
+func (s *Session) Turns() int { return len(s.Messages) }
+
+// Done reports whether every turn has been answered.
+func (s *Session) Done() bool { return len(s.Answers) >= len(s.Messages) }
+
+// Turn is the 0-based index of the next turn.
+func (s *Session) Turn() int { return len(s.Answers) }
+
+// Answer records the answer of the current turn.
+func (s *Session) Answer(text string) { s.Answers = append(s.Answers, text) }
+
+// Message is one chat message of a turn's history.
+type Message struct {
+	Role string // "user" or "assistant"
+	Text string
+}
+
+// History returns the messages of turn t (0-based): every earlier user
+// message followed by its answer, then turn t's user message.
+func (s *Session) History(t int) []Message {
+	msgs := make([]Message, 0, 2*t+1)
+	for i := 0; i < t; i++ {
+		msgs = append(msgs, Message{Role: "user", Text: s.Messages[i]})
+		if i < len(s.Answers) {
+			msgs = append(msgs, Message{Role: "assistant", Text: s.Answers[i]})
+		}
+	}
+	return append(msgs, Message{Role: "user", Text: s.Messages[t]})
+}
+
+const systemPreamble = "You are Claude Code, Anthropic's official CLI for Claude. You are an interactive CLI tool that helps users with software engineering tasks. "
+
+// uuidFrom draws a version-4 UUID from r.
+func uuidFrom(r *rand.Rand) string {
+	var b [16]byte
+	binary.LittleEndian.PutUint64(b[:8], r.Uint64())
+	binary.LittleEndian.PutUint64(b[8:], r.Uint64())
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	h := hex.EncodeToString(b[:])
+	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
+}
+
+// textOfTokens draws English-like code-review prose of about target tokens
+// as counted by count. It estimates the byte length from a sample, then
+// corrects twice, so the result lands within a word of the target.
+func textOfTokens(r *rand.Rand, target int, count TokenCounter) string {
+	if target <= 0 {
+		return ""
+	}
+	var b strings.Builder
+	ratio := 4.0 // bytes per token, corrected below
+	n := 0
+	for range 6 {
+		missing := target - n
+		if missing <= 0 {
+			break
+		}
+		grow := int(float64(missing) * ratio)
+		if grow < 1 {
+			grow = 1
+		}
+		for stop := b.Len() + grow; b.Len() < stop; {
+			writeSentence(r, &b)
+		}
+		n = count(b.String())
+		if n > 0 {
+			ratio = float64(b.Len()) / float64(n)
+		}
+	}
+	s := b.String()
+	// Trim whole words while clearly over the target.
+	for n > target+target/100+1 {
+		cut := len(s) - int(float64(n-target)*ratio)
+		if cut <= 0 {
+			break
+		}
+		if i := strings.LastIndexByte(s[:cut], ' '); i > 0 {
+			cut = i
+		}
+		s = s[:cut]
+		n = count(s)
+	}
+	return s
+}
+
+func writeSentence(r *rand.Rand, b *strings.Builder) {
+	words := 6 + r.IntN(12)
+	for i := range words {
+		w := vocabulary[r.IntN(len(vocabulary))]
+		if i == 0 {
+			b.WriteString(strings.ToUpper(w[:1]))
+			b.WriteString(w[1:])
+		} else {
+			b.WriteString(w)
+		}
+		if i < words-1 {
+			b.WriteByte(' ')
+		}
+	}
+	switch r.IntN(8) {
+	case 0:
+		b.WriteString("? ")
+	case 1:
+		fmt.Fprintf(b, " (see line %d). ", 1+r.IntN(900))
+	default:
+		b.WriteString(". ")
+	}
+}
+
+var vocabulary = strings.Fields(`the a function returns error value handler request response router replica
+cache prefix token session conversation turn model engine scheduler block queue running waiting
+test case table field struct method interface package module import build config reload upstream
+proxy stream event chunk usage counter gauge histogram poll interval threshold spill sticky placed
+load balance least busy idle timeout deadline context cancel retry backoff header body json parse
+decode encode buffer writer reader flush close open file path directory commit branch merge diff
+review refactor rename extract inline move delete add update fix bug regression benchmark profile
+memory allocation pointer slice map channel goroutine mutex lock atomic wait group select case
+default break continue return defer panic recover string byte rune integer float boolean nil true
+false when while because therefore however although which that this those these then than also
+only every each some many more most less least first last next previous before after during under
+over into onto from with without between across through should would could must might will can
+we you they it is are was were be been being have has had do does did not no yes so if else`)

@@ -1,0 +1,191 @@
+package vllmstats
+
+import (
+	"sort"
+	"sync"
+	"time"
+)
+
+// SeriesLength is the number of one-second buckets an Accountant keeps: one hour.
+const SeriesLength = 3600
+
+// TokenTotals are one replica's token counts since the Accountant started.
+type TokenTotals struct {
+	// Cached are prompt tokens the engine read from its prefix cache.
+	Cached uint64
+	// Computed are prompt tokens the engine computed, including every prompt
+	// token of responses that did not report a cached count.
+	Computed uint64
+	// Generated are output tokens.
+	Generated uint64
+	// Requests counts recorded responses.
+	Requests uint64
+	// Unmeasured counts responses without a cached count (their prompt
+	// counted as computed), NoUsage those without any usage at all.
+	Unmeasured, NoUsage uint64
+}
+
+// Buckets are per-second token counts, oldest first.
+type Buckets struct {
+	Cached, Computed, Generated []uint64
+}
+
+// Series is the last hour of token counts in one-second steps.
+type Series struct {
+	// Start is the second of the first bucket; Step is one second.
+	Start time.Time
+	Step  time.Duration
+	// Replicas maps replica IDs to their buckets; Sum adds them all.
+	Replicas map[string]Buckets
+	Sum      Buckets
+	// HourCachedShare is cached / (cached + computed) over the hour, 0 when
+	// there were no prompt tokens.
+	HourCachedShare float64
+}
+
+type bucket struct {
+	sec                         int64 // Unix second this bucket holds; 0 = empty
+	cached, computed, generated uint64
+}
+
+type replicaAccount struct {
+	totals TokenTotals
+	ring   [SeriesLength]bucket
+}
+
+// Accountant sums response usage per replica: totals since start and a
+// one-hour ring of one-second buckets (fixed memory per replica). It is safe
+// for concurrent use.
+type Accountant struct {
+	mu       sync.Mutex
+	replicas map[string]*replicaAccount
+}
+
+// NewAccountant returns an empty Accountant.
+func NewAccountant() *Accountant {
+	return &Accountant{replicas: make(map[string]*replicaAccount)}
+}
+
+// Record adds one response's usage for replica at time now. Unmeasured usage
+// counts as a request whose prompt (possibly 0) was all computed.
+func (a *Accountant) Record(replica string, u Usage, now time.Time) {
+	var cached uint64
+	if u.CachedMeasured && u.CachedTokens > 0 {
+		cached = uint64(min(u.CachedTokens, max(u.PromptTokens, 0)))
+	}
+	computed := uint64(max(u.Computed(), 0))
+	generated := uint64(max(u.CompletionTokens, 0))
+	sec := now.Unix()
+
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	r := a.replicas[replica]
+	if r == nil {
+		r = &replicaAccount{}
+		a.replicas[replica] = r
+	}
+	t := &r.totals
+	t.Requests++
+	t.Cached += cached
+	t.Computed += computed
+	t.Generated += generated
+	if !u.CachedMeasured {
+		t.Unmeasured++
+	}
+	if !u.Measured {
+		t.NoUsage++
+	}
+	b := &r.ring[ringIndex(sec)]
+	if b.sec != sec {
+		if b.sec > sec {
+			return // older than the hour the ring holds
+		}
+		*b = bucket{sec: sec}
+	}
+	b.cached += cached
+	b.computed += computed
+	b.generated += generated
+}
+
+func ringIndex(sec int64) int {
+	i := sec % SeriesLength
+	if i < 0 {
+		i += SeriesLength
+	}
+	return int(i)
+}
+
+// Totals returns every replica's totals since start.
+func (a *Accountant) Totals() map[string]TokenTotals {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make(map[string]TokenTotals, len(a.replicas))
+	for id, r := range a.replicas {
+		out[id] = r.totals
+	}
+	return out
+}
+
+// Replicas returns the IDs of the replicas that have recorded usage, sorted.
+func (a *Accountant) Replicas() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	ids := make([]string, 0, len(a.replicas))
+	for id := range a.replicas {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	return ids
+}
+
+// Forget drops a replica's totals and buckets.
+func (a *Accountant) Forget(replica string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.replicas, replica)
+}
+
+func newBuckets() Buckets {
+	return Buckets{
+		Cached:    make([]uint64, SeriesLength),
+		Computed:  make([]uint64, SeriesLength),
+		Generated: make([]uint64, SeriesLength),
+	}
+}
+
+// Series returns the hour ending with the second of now: SeriesLength buckets
+// per replica and summed, oldest first.
+func (a *Accountant) Series(now time.Time) Series {
+	end := now.Unix()
+	start := end - SeriesLength + 1
+	s := Series{
+		Start:    time.Unix(start, 0).In(now.Location()),
+		Step:     time.Second,
+		Replicas: make(map[string]Buckets),
+		Sum:      newBuckets(),
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var cached, computed uint64
+	for id, r := range a.replicas {
+		bs := newBuckets()
+		for i := range SeriesLength {
+			sec := start + int64(i)
+			b := &r.ring[ringIndex(sec)]
+			if b.sec != sec {
+				continue
+			}
+			bs.Cached[i], bs.Computed[i], bs.Generated[i] = b.cached, b.computed, b.generated
+			s.Sum.Cached[i] += b.cached
+			s.Sum.Computed[i] += b.computed
+			s.Sum.Generated[i] += b.generated
+			cached += b.cached
+			computed += b.computed
+		}
+		s.Replicas[id] = bs
+	}
+	if cached+computed > 0 {
+		s.HourCachedShare = float64(cached) / float64(cached+computed)
+	}
+	return s
+}

@@ -1,0 +1,99 @@
+package vllmstats
+
+import (
+	"sync"
+	"testing"
+	"time"
+)
+
+func TestAccountantTotalsAndSeries(t *testing.T) {
+	a := NewAccountant()
+	t0 := time.Unix(1_800_000_000, 0)
+	measured := Usage{PromptTokens: 1000, CachedTokens: 800, CompletionTokens: 50, Measured: true, CachedMeasured: true}
+	noCached := Usage{PromptTokens: 300, CompletionTokens: 10, Measured: true}
+	none := Usage{}
+
+	a.Record("r1", measured, t0)
+	a.Record("r1", noCached, t0.Add(500*time.Millisecond))
+	a.Record("r2", measured, t0.Add(10*time.Second))
+	a.Record("r2", none, t0.Add(10*time.Second))
+	a.Record("r1", measured, t0.Add(-2*time.Hour)) // older than the ring: totals only
+
+	tot := a.Totals()
+	want1 := TokenTotals{Cached: 1600, Computed: 200 + 300 + 200, Generated: 110, Requests: 3, Unmeasured: 1}
+	want2 := TokenTotals{Cached: 800, Computed: 200, Generated: 50, Requests: 2, Unmeasured: 1, NoUsage: 1}
+	if tot["r1"] != want1 || tot["r2"] != want2 {
+		t.Fatalf("totals r1 %+v want %+v; r2 %+v want %+v", tot["r1"], want1, tot["r2"], want2)
+	}
+
+	now := t0.Add(10*time.Second + 300*time.Millisecond)
+	s := a.Series(now)
+	if s.Step != time.Second || !s.Start.Equal(time.Unix(now.Unix()-SeriesLength+1, 0)) {
+		t.Fatalf("start %v step %v", s.Start, s.Step)
+	}
+	last := SeriesLength - 1
+	at0 := last - 10
+	if got := s.Replicas["r1"]; got.Cached[at0] != 800 || got.Computed[at0] != 500 || got.Generated[at0] != 60 {
+		t.Fatalf("r1 bucket at t0: %d %d %d", got.Cached[at0], got.Computed[at0], got.Generated[at0])
+	}
+	if got := s.Replicas["r2"]; got.Cached[last] != 800 || got.Computed[last] != 200 {
+		t.Fatalf("r2 last bucket: %d %d", got.Cached[last], got.Computed[last])
+	}
+	if s.Sum.Cached[at0]+s.Sum.Cached[last] != 1600 || s.Sum.Computed[last] != 200 {
+		t.Fatalf("sum wrong")
+	}
+	if want := 1600.0 / (1600 + 700); s.HourCachedShare != want {
+		t.Fatalf("share %v want %v", s.HourCachedShare, want)
+	}
+	for id, b := range s.Replicas {
+		if len(b.Cached) != SeriesLength || len(b.Computed) != SeriesLength || len(b.Generated) != SeriesLength {
+			t.Fatalf("%s: bucket lengths", id)
+		}
+	}
+
+	// An hour later the old buckets are gone from the series, the totals stay.
+	later := a.Series(t0.Add(time.Hour + 11*time.Second))
+	if later.HourCachedShare != 0 || later.Sum.Cached[last] != 0 {
+		t.Fatalf("stale buckets in series: share %v", later.HourCachedShare)
+	}
+	// A second reusing a ring slot replaces the old bucket.
+	a.Record("r1", noCached, t0.Add(time.Hour))
+	s = a.Series(t0.Add(time.Hour))
+	if got := s.Replicas["r1"]; got.Computed[last] != 300 || got.Cached[last] != 0 {
+		t.Fatalf("reused slot: %d %d", got.Computed[last], got.Cached[last])
+	}
+	if got := a.Replicas(); len(got) != 2 || got[0] != "r1" {
+		t.Fatalf("replicas %v", got)
+	}
+	a.Forget("r2")
+	if _, ok := a.Totals()["r2"]; ok {
+		t.Fatal("r2 not forgotten")
+	}
+}
+
+func TestAccountantConcurrent(t *testing.T) {
+	a := NewAccountant()
+	t0 := time.Unix(1_800_000_000, 0)
+	u := Usage{PromptTokens: 10, CachedTokens: 4, CompletionTokens: 1, Measured: true, CachedMeasured: true}
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 1000 {
+				a.Record([]string{"a", "b"}[g%2], u, t0.Add(time.Duration(i)*time.Millisecond))
+				if i%250 == 0 {
+					a.Series(t0)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	tot := a.Totals()
+	if tot["a"].Requests != 2000 || tot["b"].Cached != 8000 || tot["a"].Computed != 12000 {
+		t.Fatalf("totals %+v", tot)
+	}
+	if s := a.Series(t0.Add(time.Second)); s.HourCachedShare != 0.4 {
+		t.Fatalf("share %v", s.HourCachedShare)
+	}
+}

@@ -1,0 +1,145 @@
+package placement
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"strconv"
+	"testing"
+	"time"
+)
+
+func sessionKeys(n int) []string {
+	keys := make([]string, n)
+	for i := range keys {
+		// shaped like X-Claude-Code-Session-Id (a UUID)
+		keys[i] = fmt.Sprintf("%08x-4a2b-4c3d-8e9f-%012x", i*2654435761, i)
+	}
+	return keys
+}
+
+func loaded(n int, cfg Config) *Router {
+	r := newTestRouter(n, cfg)
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, id := range ids(n) {
+		r.UpdateLoad(id, Load{Running: rng.IntN(8), Waiting: rng.IntN(2), KVUsage: rng.Float64(), Reachable: true})
+	}
+	return r
+}
+
+func BenchmarkRouteSticky(b *testing.B) {
+	b.Run("one-key", func(b *testing.B) {
+		r := loaded(4, Config{})
+		req := Request{Key: sessionKeys(1)[0], Now: t0}
+		d, _ := r.Route(req)
+		d.Release()
+		b.ReportAllocs()
+		b.ResetTimer()
+		for range b.N {
+			d, err := r.Route(req)
+			if err != nil || d.Reason != ReasonSticky {
+				b.Fatal(d.Reason, err)
+			}
+			d.Release()
+		}
+	})
+	b.Run("100k-keys", func(b *testing.B) {
+		r := loaded(8, Config{})
+		keys := sessionKeys(100000)
+		for _, k := range keys {
+			d, _ := r.Route(Request{Key: k, Now: t0})
+			d.Release()
+		}
+		b.ReportAllocs()
+		b.ResetTimer()
+		for i := range b.N {
+			d, err := r.Route(Request{Key: keys[i%len(keys)], Now: t0})
+			if err != nil || d.Reason != ReasonSticky {
+				b.Fatal(d.Reason, err)
+			}
+			d.Release()
+		}
+	})
+}
+
+// BenchmarkPlace routes keys never seen before (older ones are evicted at
+// MaxBindings), so every decision scores all replicas.
+func BenchmarkPlace(b *testing.B) {
+	keys := sessionKeys(1 << 16)
+	for _, n := range []int{4, 8, 64, 256} {
+		b.Run(fmt.Sprint("replicas=", n), func(b *testing.B) {
+			r := loaded(n, Config{MaxBindings: 4096, MaxNumSeqs: 1 << 20})
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				d, err := r.Route(Request{Key: keys[i&(len(keys)-1)], Now: t0})
+				if err != nil || d.Reason != ReasonPlaced {
+					b.Fatal(d.Reason, err)
+				}
+				d.Release()
+			}
+		})
+	}
+	for _, n := range []int{4, 256} {
+		b.Run(fmt.Sprint("no-key/replicas=", n), func(b *testing.B) {
+			r := loaded(n, Config{})
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				d, _ := r.Route(Request{Now: t0})
+				d.Release()
+			}
+		})
+	}
+}
+
+func BenchmarkRouteParallel(b *testing.B) {
+	r := loaded(8, Config{})
+	keys := sessionKeys(10000)
+	for _, k := range keys {
+		d, _ := r.Route(Request{Key: k, Now: t0})
+		d.Release()
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		i := rand.IntN(len(keys))
+		for pb.Next() {
+			d, err := r.Route(Request{Key: keys[i%len(keys)]})
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			d.Release()
+			i++
+		}
+	})
+}
+
+// BenchmarkMemoryPerBinding binds 1,000,000 conversations and reports the
+// heap the Router holds per binding (the keys themselves are the caller's).
+func BenchmarkMemoryPerBinding(b *testing.B) {
+	const n = 1000000
+	for range b.N {
+		runtime.GC()
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		r := newTestRouter(8, Config{MaxBindings: n, IdleTTL: 24 * time.Hour})
+		buf := make([]byte, 0, 64)
+		for i := range n {
+			buf = strconv.AppendInt(append(buf[:0], "session-"...), int64(i), 10)
+			d, err := r.Route(Request{Key: string(buf), Now: t0})
+			if err != nil {
+				b.Fatal(err)
+			}
+			d.Release()
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		if got := r.Len(); got != n {
+			b.Fatalf("%d bindings, want %d", got, n)
+		}
+		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/n, "bytes/binding")
+		runtime.KeepAlive(r)
+	}
+}

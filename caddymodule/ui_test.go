@@ -1,0 +1,511 @@
+package caddymodule
+
+import (
+	"bytes"
+	"compress/gzip"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// uiFixture serves admin JSON documents in the agreed shapes, the way
+// admin.go does, from values a test controls: the brief's example card
+// (4 replicas, sticky 38/21/19/29, prefix hit rates 82.2/86.0/69.0/80.0 %).
+type uiFixture struct {
+	mu    sync.Mutex
+	card  uiCardDoc
+	stats uiStatsDoc
+}
+
+func newUIFixture(now time.Time) *uiFixture {
+	since := now.Add(-2 * time.Hour).Truncate(time.Second)
+	f := &uiFixture{card: uiCardDoc{
+		Model: "qwen3-4b", Affinity: true, SpillThreshold: 8, SpillAuto: true, MaxNumSeqs: 32,
+		StickyPct: 100, InFlight: 3, Requests: 1234567, KeyedRequests: 1200, Bindings: 12,
+		Since: since, Writable: true,
+	}}
+	sticky := []uint64{38, 21, 19, 29}
+	hits := []float64{0.822, 0.860, 0.690, 0.800}
+	f.stats = uiStatsDoc{Model: "qwen3-4b", Start: now.Add(-3600 * time.Second), StepS: 1,
+		HourCachedShare: 0.78, Replicas: map[string]uiSeries{}}
+	sum := uiSeries{Cached: make([]uint64, 3600), Computed: make([]uint64, 3600), Generated: make([]uint64, 3600)}
+	for i := range 4 {
+		id := fmt.Sprintf("127.0.0.1:800%d", i+1)
+		f.card.Replicas = append(f.card.Replicas, uiReplicaCard{
+			ID: id, Available: true, Reachable: true, LastSeen: now, Held: i % 2,
+			Sticky: sticky[i], Placed: 4, SpillAccepted: uint64(i), ClientPinned: 0,
+			Running: float64(i % 2), Waiting: 0, KVUsage: 0.41 + float64(i)/10,
+			PrefixHitRate: hits[i], PrefixHitRateTotal: hits[i] - 0.02, Bindings: 3, Active: 2,
+			Tokens: uiTokens{Cached: 123, Computed: 45, Generated: 67},
+		})
+		s := uiSeries{Cached: make([]uint64, 3600), Computed: make([]uint64, 3600), Generated: make([]uint64, 3600)}
+		for j := 1800; j < 3600; j++ { // traffic over the last half hour
+			s.Cached[j] = uint64(700 + 100*i + j%50)
+			s.Computed[j] = uint64(200 + 10*i)
+			s.Generated[j] = uint64(40 + i)
+			sum.Cached[j] += s.Cached[j]
+			sum.Computed[j] += s.Computed[j]
+			sum.Generated[j] += s.Generated[j]
+		}
+		f.stats.Replicas[id] = s
+	}
+	f.stats.Sum = sum
+	return f
+}
+
+// ServeHTTP answers the admin JSON paths the page reads and writes.
+func (f *uiFixture) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	switch p := r.URL.Path; {
+	case p == "/lm-warden/models" && r.Method == http.MethodGet:
+		c := f.card
+		_ = enc.Encode(uiModelsDoc{Models: []uiModelSummary{{
+			Model: c.Model, Affinity: c.Affinity, SpillThreshold: c.SpillThreshold, SpillAuto: c.SpillAuto,
+			StickyPct: c.StickyPct, InFlight: c.InFlight, Replicas: len(c.Replicas), Reachable: len(c.Replicas),
+			Bindings: c.Bindings, HourCachedShare: f.stats.HourCachedShare,
+		}}})
+	case p == "/lm-warden/models/qwen3-4b" && r.Method == http.MethodGet:
+		_ = enc.Encode(f.card)
+	case p == "/lm-warden/models/qwen3-4b/stats" && r.Method == http.MethodGet:
+		_ = enc.Encode(f.stats)
+	case p == "/lm-warden/models/qwen3-4b/affinity" && r.Method == http.MethodPut:
+		var body struct {
+			Affinity bool `json:"affinity"`
+		}
+		if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
+			w.WriteHeader(http.StatusBadRequest)
+			_ = enc.Encode(map[string]string{"error": err.Error()})
+			return
+		}
+		f.card.Affinity = body.Affinity
+		_ = enc.Encode(body)
+	case strings.HasPrefix(p, "/lm-warden/models/qwen3-4b/sessions/") && r.Method == http.MethodDelete:
+		_ = enc.Encode(map[string]bool{"unbound": true})
+	default:
+		w.WriteHeader(http.StatusNotFound)
+		_ = enc.Encode(map[string]string{"error": "unknown model or path " + p})
+	}
+}
+
+// fetch reads a fixture document in-process, like fetchAdminInProcess.
+func (f *uiFixture) fetch(_ context.Context, path string) (int, []byte, error) {
+	rec := httptest.NewRecorder()
+	f.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+	return rec.Code, rec.Body.Bytes(), nil
+}
+
+func newTestUIServer(t testing.TB, f *uiFixture, now time.Time) *uiServer {
+	t.Helper()
+	b, err := loadUIBundle(uiFiles)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &uiServer{bundle: b, fetch: f.fetch, now: func() time.Time { return now }}
+}
+
+// uiTestMux puts the page and the fixture behind one handler, as the admin
+// endpoint does.
+func uiTestMux(s *uiServer, f *uiFixture) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/lm-warden/models", f)
+	mux.Handle("/lm-warden/models/", f)
+	page := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := s.ServeHTTP(w, r); err != nil {
+			writeAdminError(w, err)
+		}
+	})
+	mux.Handle("/lm-warden/", page)
+	return mux
+}
+
+func get(t *testing.T, h http.Handler, path string, hdr ...string) *http.Response {
+	t.Helper()
+	req := httptest.NewRequest(http.MethodGet, path, nil)
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	return rec.Result()
+}
+
+func readAll(t *testing.T, resp *http.Response) string {
+	t.Helper()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func TestUIShellRoutes(t *testing.T) {
+	now := time.Date(2026, 11, 30, 19, 0, 0, 0, time.UTC)
+	f := newUIFixture(now)
+	h := uiTestMux(newTestUIServer(t, f, now), f)
+	tests := []struct {
+		path, page, model, base string
+	}{
+		{"/lm-warden/", "models", "", "ui/"},
+		{"/lm-warden/ui/", "models", "", "./"},
+		{"/lm-warden/ui/qwen3-4b", "card", "qwen3-4b", "./"},
+		{"/lm-warden/ui/qwen3-4b/", "card", "qwen3-4b", "../"},
+		{"/lm-warden/ui/Qwen%2FQwen3-4B", "card", "Qwen/Qwen3-4B", "./"},
+		{"/lm-warden/ui/Qwen/Qwen3-4B", "card", "Qwen/Qwen3-4B", "../"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.path, func(t *testing.T) {
+			resp := get(t, h, tc.path)
+			body := readAll(t, resp)
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("status %d: %s", resp.StatusCode, body)
+			}
+			if ct := resp.Header.Get("Content-Type"); ct != "text/html; charset=utf-8" {
+				t.Errorf("content type %q", ct)
+			}
+			if csp := resp.Header.Get("Content-Security-Policy"); !strings.Contains(csp, "default-src 'self'") || strings.Contains(csp, "unsafe") {
+				t.Errorf("CSP %q", csp)
+			}
+			if rp := resp.Header.Get("Referrer-Policy"); rp != "same-origin" {
+				t.Errorf("Referrer-Policy %q", rp)
+			}
+			if cc := resp.Header.Get("Cache-Control"); cc != "no-cache" || resp.Header.Get("ETag") == "" {
+				t.Errorf("Cache-Control %q, ETag %q", cc, resp.Header.Get("ETag"))
+			}
+			for _, want := range []string{
+				`data-page="` + tc.page + `"`,
+				`data-model="` + tc.model + `"`,
+				`data-base="` + tc.base + `"`,
+				`href="` + tc.base + `-/app.css?v=`,
+				`src="` + tc.base + `-/app.js?v=`,
+			} {
+				if !strings.Contains(body, want) {
+					t.Errorf("page lacks %s", want)
+				}
+			}
+		})
+	}
+}
+
+func TestUIAssets(t *testing.T) {
+	now := time.Now()
+	f := newUIFixture(now)
+	s := newTestUIServer(t, f, now)
+	h := uiTestMux(s, f)
+	for name, ctype := range map[string]string{"app.js": "text/javascript; charset=utf-8", "app.css": "text/css; charset=utf-8"} {
+		t.Run(name, func(t *testing.T) {
+			a := s.bundle.assets[name]
+			resp := get(t, h, "/lm-warden/ui/-/"+name+"?v="+a.hash)
+			body := readAll(t, resp)
+			if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != ctype {
+				t.Fatalf("status %d, type %q", resp.StatusCode, resp.Header.Get("Content-Type"))
+			}
+			if body != string(a.body) {
+				t.Error("body differs from the embedded file")
+			}
+			if cc := resp.Header.Get("Cache-Control"); !strings.Contains(cc, "immutable") {
+				t.Errorf("versioned asset Cache-Control %q", cc)
+			}
+			if cc := get(t, h, "/lm-warden/ui/-/"+name+"?v=stale").Header.Get("Cache-Control"); cc != "no-cache" {
+				t.Errorf("stale version Cache-Control %q", cc)
+			}
+
+			gz := get(t, h, "/lm-warden/ui/-/"+name, "Accept-Encoding", "gzip, br")
+			if gz.Header.Get("Content-Encoding") != "gzip" {
+				t.Fatalf("no gzip: %v", gz.Header)
+			}
+			zr, err := gzip.NewReader(gz.Body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			plain, err := io.ReadAll(zr)
+			if err != nil || !bytes.Equal(plain, a.body) {
+				t.Errorf("gzip body does not decode to the asset: %v", err)
+			}
+
+			etag := gz.Header.Get("ETag")
+			if again := get(t, h, "/lm-warden/ui/-/"+name, "Accept-Encoding", "gzip", "If-None-Match", etag); again.StatusCode != http.StatusNotModified {
+				t.Errorf("revalidation status %d", again.StatusCode)
+			}
+		})
+	}
+	if resp := get(t, h, "/lm-warden/ui/-/nope.js"); resp.StatusCode != http.StatusNotFound {
+		t.Errorf("unknown asset status %d", resp.StatusCode)
+	}
+}
+
+// TestUIAssetsStrictCSP checks the embedded files for what a strict CSP
+// would block: inline scripts, inline styles, event-handler attributes,
+// eval, and anything loaded from another origin.
+func TestUIAssetsStrictCSP(t *testing.T) {
+	banned := map[string]*regexp.Regexp{
+		"inline script":   regexp.MustCompile(`<script(\s[^>]*)?>[^<\s]`),
+		"style element":   regexp.MustCompile(`<style`),
+		"style attribute": regexp.MustCompile(`\sstyle=`),
+		"event handler":   regexp.MustCompile(`\son[a-z]+=`),
+		"eval":            regexp.MustCompile(`\beval\(|new Function\(|setTimeout\(["']|setInterval\(["']`),
+		"innerHTML":       regexp.MustCompile(`innerHTML|outerHTML|insertAdjacentHTML|document\.write`),
+		"remote origin":   regexp.MustCompile(`(?i)(https?:)?//[a-z0-9.-]+\.[a-z]{2,}/|@import`),
+	}
+	for _, name := range []string{"index.html", "app.js", "app.css"} {
+		b, err := uiFiles.ReadFile("web/" + name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, tag := range regexp.MustCompile(`<script[^>]*>`).FindAll(b, -1) {
+			if !bytes.Contains(tag, []byte(" src=")) {
+				t.Errorf("%s has a script without src: %s", name, tag)
+			}
+		}
+		if strings.HasSuffix(name, ".css") && bytes.Contains(b, []byte("url(")) {
+			t.Errorf("%s loads a url()", name)
+		}
+		for what, re := range banned {
+			if loc := re.FindIndex(b); loc != nil {
+				t.Errorf("%s has %s: %q", name, what, b[loc[0]:min(loc[1]+20, len(b))])
+			}
+		}
+	}
+}
+
+func decodeView[T any](t *testing.T, h http.Handler, path string) (T, *http.Response) {
+	t.Helper()
+	var v T
+	resp := get(t, h, path)
+	body := readAll(t, resp)
+	if resp.StatusCode == http.StatusOK {
+		if err := json.Unmarshal([]byte(body), &v); err != nil {
+			t.Fatalf("%s: %v: %s", path, err, body)
+		}
+		if cc := resp.Header.Get("Cache-Control"); cc != "no-store" {
+			t.Errorf("%s Cache-Control %q", path, cc)
+		}
+	}
+	return v, resp
+}
+
+func TestUIModelsView(t *testing.T) {
+	now := time.Now()
+	f := newUIFixture(now)
+	h := uiTestMux(newTestUIServer(t, f, now), f)
+	v, resp := decodeView[uiModelsView](t, h, "/lm-warden/ui/-/models.json")
+	if resp.StatusCode != http.StatusOK || len(v.Models) != 1 {
+		t.Fatalf("status %d, %d models", resp.StatusCode, len(v.Models))
+	}
+	m := v.Models[0]
+	want := map[string]string{
+		"affinity": "on", "spill": "8 (auto)", "sticky": "100%", "in_flight": "3",
+		"replicas": "4 of 4 reachable", "bindings": "12", "share": "78%",
+	}
+	for k, w := range want {
+		if got := m.Cells[k].T; got != w {
+			t.Errorf("%s = %q, want %q", k, got, w)
+		}
+	}
+	if m.Href != "qwen3-4b" {
+		t.Errorf("href %q", m.Href)
+	}
+}
+
+func TestUICardView(t *testing.T) {
+	now := time.Date(2026, 11, 30, 19, 0, 0, 0, time.UTC)
+	tests := []struct {
+		name   string
+		change func(*uiCardDoc)
+		head   map[string]string
+		row    int
+		cells  map[string]string
+		ok     bool
+	}{
+		{
+			name: "brief example",
+			head: map[string]string{"affinity": "on", "spill": "8 (auto)", "sticky": "100%", "in_flight": "3",
+				"requests": "1,234,567", "bindings": "12", "max_num_seqs": "32"},
+			row: 0,
+			cells: map[string]string{"held": "0", "sticky": "38", "spill_accepted": "0", "client_pinned": "0",
+				"run_wait": "0 / 0", "kv": "41%", "hit": "82.2%", "bindings": "3 (2 active)", "state": "reachable"},
+			ok: true,
+		},
+		{
+			name:  "third replica",
+			row:   2,
+			cells: map[string]string{"sticky": "19", "spill_accepted": "2", "kv": "61%", "hit": "69%"},
+			ok:    true,
+		},
+		{
+			name: "affinity off, fixed threshold, replica down",
+			change: func(c *uiCardDoc) {
+				c.Affinity, c.SpillAuto, c.SpillThreshold, c.StickyPct = false, false, 4, 97.53
+				c.Replicas[1].Reachable = false
+				c.Replicas[1].LastError = "dial tcp 127.0.0.1:8002: connection refused"
+				c.Replicas[1].LastSeen = now.Add(-90 * time.Second)
+				c.Replicas[1].Running, c.Replicas[1].Waiting = 12, 3
+			},
+			head: map[string]string{"affinity": "off", "spill": "4", "sticky": "97.5%"},
+			row:  1,
+			cells: map[string]string{"state": "dial tcp 127.0.0.1:8002: connection refused · last seen 1 minute ago",
+				"run_wait": "12 / 3"},
+			ok: false,
+		},
+		{
+			name:   "reachable but taken out by the proxy",
+			change: func(c *uiCardDoc) { c.Replicas[3].Available = false },
+			row:    3,
+			cells:  map[string]string{"state": "reachable, marked unavailable by the proxy"},
+			ok:     false,
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newUIFixture(now)
+			if tc.change != nil {
+				tc.change(&f.card)
+			}
+			h := uiTestMux(newTestUIServer(t, f, now), f)
+			v, resp := decodeView[uiCardView](t, h, "/lm-warden/ui/qwen3-4b/view.json")
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("status %d", resp.StatusCode)
+			}
+			for k, w := range tc.head {
+				if got := v.Head[k].T; got != w {
+					t.Errorf("head %s = %q, want %q", k, got, w)
+				}
+			}
+			r := v.Replicas[tc.row]
+			if r.OK != tc.ok {
+				t.Errorf("row %d ok = %v", tc.row, r.OK)
+			}
+			for k, w := range tc.cells {
+				if got := r.Cells[k].T; got != w {
+					t.Errorf("row %d %s = %q, want %q", tc.row, k, got, w)
+				}
+			}
+			if want := "counters since 2026-11-30 17:00:00 UTC (2 hours ago)"; v.Since.T != want {
+				t.Errorf("since %q, want %q", v.Since.T, want)
+			}
+			if !v.Writable {
+				t.Error("writable lost")
+			}
+		})
+	}
+}
+
+func TestUIStatsView(t *testing.T) {
+	now := time.Now()
+	f := newUIFixture(now)
+	h := uiTestMux(newTestUIServer(t, f, now), f)
+
+	all, resp := decodeView[uiStatsView](t, h, "/lm-warden/ui/qwen3-4b/stats.json")
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	// 3599 finished seconds → 359 points of 10 s; the 9 oldest seconds are dropped.
+	if len(all.Cached) != 359 || all.StepS != 10 || !all.HasData {
+		t.Fatalf("points %d, step %v, has data %v", len(all.Cached), all.StepS, all.HasData)
+	}
+	if all.Share.T != "78%" || len(all.Replicas) != 4 {
+		t.Errorf("share %q, replicas %v", all.Share.T, all.Replicas)
+	}
+	// Point 0 covers seconds 9..18 (idle), the last point seconds 3589..3598.
+	if all.Cached[0] != 0 || all.Computed[0] != 0 {
+		t.Errorf("idle point %v %v", all.Cached[0], all.Computed[0])
+	}
+	var wantCached, wantComputed, wantGen float64
+	for j := 3589; j < 3599; j++ {
+		wantCached += float64(f.stats.Sum.Cached[j])
+		wantComputed += float64(f.stats.Sum.Computed[j])
+		wantGen += float64(f.stats.Sum.Generated[j])
+	}
+	last := len(all.Cached) - 1
+	if all.Cached[last] != round1(wantCached/10) || all.Computed[last] != round1(wantComputed/10) || all.Generated[last] != round1(wantGen/10) {
+		t.Errorf("last point %v/%v/%v, want %v/%v/%v", all.Cached[last], all.Computed[last], all.Generated[last],
+			wantCached/10, wantComputed/10, wantGen/10)
+	}
+	if all.PromptMax.V.(float64) < all.Cached[last]+all.Computed[last] {
+		t.Errorf("axis top %v below the data", all.PromptMax.V)
+	}
+
+	one, resp := decodeView[uiStatsView](t, h, "/lm-warden/ui/qwen3-4b/stats.json?replica=127.0.0.1:8001")
+	if resp.StatusCode != http.StatusOK || one.Replica != "127.0.0.1:8001" {
+		t.Fatalf("status %d, replica %q", resp.StatusCode, one.Replica)
+	}
+	if one.Cached[last] >= all.Cached[last] || one.Cached[last] == 0 {
+		t.Errorf("one replica's cached rate %v vs all %v", one.Cached[last], all.Cached[last])
+	}
+	var c, p uint64
+	for j := 9; j < 3599; j++ {
+		c += f.stats.Replicas["127.0.0.1:8001"].Cached[j]
+		p += f.stats.Replicas["127.0.0.1:8001"].Computed[j]
+	}
+	if got, want := one.Share.V.(float64), float64(c)/float64(c+p); got != want {
+		t.Errorf("replica share %v, want %v", got, want)
+	}
+
+	if _, resp := decodeView[uiStatsView](t, h, "/lm-warden/ui/qwen3-4b/stats.json?replica=nope"); resp.StatusCode != http.StatusNotFound {
+		t.Errorf("unknown replica status %d", resp.StatusCode)
+	}
+}
+
+func TestUIErrors(t *testing.T) {
+	now := time.Now()
+	f := newUIFixture(now)
+	h := uiTestMux(newTestUIServer(t, f, now), f)
+	tests := []struct {
+		method, path string
+		status       int
+		msg          string
+	}{
+		{http.MethodGet, "/lm-warden/ui/nope/view.json", http.StatusNotFound, "unknown model"},
+		{http.MethodGet, "/lm-warden/ui/nope/stats.json", http.StatusNotFound, "unknown model"},
+		{http.MethodGet, "/lm-warden/elsewhere", http.StatusNotFound, "no page"},
+		{http.MethodPost, "/lm-warden/ui/qwen3-4b", http.StatusMethodNotAllowed, "not allowed"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.method+" "+tc.path, func(t *testing.T) {
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, httptest.NewRequest(tc.method, tc.path, nil))
+			var e struct {
+				Error string `json:"error"`
+			}
+			_ = json.Unmarshal(rec.Body.Bytes(), &e)
+			if rec.Code != tc.status || !strings.Contains(e.Error, tc.msg) {
+				t.Errorf("status %d, error %q", rec.Code, e.Error)
+			}
+		})
+	}
+}
+
+func TestNiceCeil(t *testing.T) {
+	for _, tc := range []struct{ in, want float64 }{
+		{0, 1}, {0.3, 1}, {1, 1}, {1.5, 2}, {2, 2}, {3, 5}, {7, 10}, {10, 10}, {11, 20}, {4999, 5000}, {5001, 10000},
+	} {
+		if got := niceCeil(tc.in); got != tc.want {
+			t.Errorf("niceCeil(%v) = %v, want %v", tc.in, got, tc.want)
+		}
+	}
+}
+
+func TestAcceptsGzip(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want bool
+	}{
+		{"", false}, {"gzip", true}, {"br, gzip;q=0.5", true}, {"gzip;q=0", false}, {"deflate", false}, {"GZIP", true},
+	} {
+		r := httptest.NewRequest(http.MethodGet, "/", nil)
+		r.Header.Set("Accept-Encoding", tc.in)
+		if got := acceptsGzip(r); got != tc.want {
+			t.Errorf("acceptsGzip(%q) = %v", tc.in, got)
+		}
+	}
+}

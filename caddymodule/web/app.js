@@ -1,0 +1,231 @@
+// LM Warden routing card and stats page. No dependencies; every number
+// arrives already humanised from the server as {v: raw, t: text}.
+"use strict";
+(function () {
+  var body = document.body;
+  var page = body.dataset.page;
+  var model = body.dataset.model;
+  var base = body.dataset.base || "./";
+  var every = 2000;
+  var live = document.getElementById("live");
+  var replica = "";
+  var busy = false;
+
+  function url(path) { return new URL(base + path, location.href).toString(); }
+  function enc(s) { return encodeURIComponent(s); }
+  function $(id) { return document.getElementById(id); }
+
+  function getJSON(path) {
+    return fetch(url(path), { credentials: "same-origin", cache: "no-store" }).then(function (r) {
+      return r.json().catch(function () { return {}; }).then(function (j) {
+        if (!r.ok) { throw new Error(j.error || r.status + " " + r.statusText); }
+        return j;
+      });
+    });
+  }
+
+  // set writes text and the raw value only when they changed, so the DOM
+  // does not churn and nothing flickers.
+  function set(el, val) {
+    if (!el || !val) { return; }
+    var raw = typeof val.v === "object" && val.v !== null ? JSON.stringify(val.v) : String(val.v);
+    if (el.textContent !== val.t) { el.textContent = val.t; }
+    if (el.getAttribute("data-v") !== raw) { el.setAttribute("data-v", raw); }
+  }
+
+  function setClass(el, name, on) {
+    if (el.classList.contains(name) !== on) { el.classList.toggle(name, on); }
+  }
+
+  // syncRows keeps one <tr> per key in tbody, in the given order, creating
+  // and removing rows only when the set of keys changes.
+  function syncRows(tbody, items, keyOf, make) {
+    var have = {};
+    Array.prototype.forEach.call(tbody.rows, function (tr) { have[tr.dataset.key] = tr; });
+    items.forEach(function (it, i) {
+      var k = keyOf(it);
+      var tr = have[k];
+      if (!tr) { tr = make(it); tr.dataset.key = k; }
+      delete have[k];
+      if (tbody.rows[i] !== tr) { tbody.insertBefore(tr, tbody.rows[i] || null); }
+    });
+    Object.keys(have).forEach(function (k) { tbody.removeChild(have[k]); });
+  }
+
+  function row(cols, first) {
+    var tr = document.createElement("tr");
+    cols.forEach(function (c, i) {
+      var td = document.createElement(i === 0 ? "th" : "td");
+      if (i === 0) { td.scope = "row"; if (first) { td.appendChild(first); } }
+      td.dataset.col = c;
+      tr.appendChild(td);
+    });
+    return tr;
+  }
+
+  function status(ok, text) {
+    setClass(live, "bad", !ok);
+    if (live.textContent !== text) { live.textContent = text; }
+  }
+
+  function stamp() {
+    var d = new Date();
+    return "live · " + d.toLocaleTimeString();
+  }
+
+  // Models page.
+  var modelCols = ["model", "affinity", "spill", "sticky", "in_flight", "replicas", "bindings", "share"];
+
+  function renderModels(view) {
+    var tbody = $("models").tBodies[0];
+    syncRows(tbody, view.models || [], function (m) { return m.model; }, function (m) {
+      var a = document.createElement("a");
+      a.href = url(m.href);
+      a.textContent = m.model;
+      return row(modelCols, a);
+    });
+    (view.models || []).forEach(function (m, i) {
+      var tr = tbody.rows[i];
+      modelCols.slice(1).forEach(function (c) { set(tr.querySelector('[data-col="' + c + '"]'), m.cells[c]); });
+    });
+    $("empty").hidden = (view.models || []).length > 0;
+  }
+
+  // Card page.
+  var replicaCols = ["id", "held", "sticky", "spill_accepted", "client_pinned", "run_wait", "kv", "hit", "bindings", "state"];
+  var writable = false;
+  var affinityOn = null;
+
+  function renderCard(view) {
+    Object.keys(view.head).forEach(function (k) { set($("h-" + k), view.head[k]); });
+    set($("since"), view.since);
+    affinityOn = view.head.affinity.v;
+    setClass($("h-affinity"), "off", !affinityOn);
+    writable = !!view.writable;
+    $("actions").hidden = !writable;
+    var btn = $("toggle-affinity");
+    var label = affinityOn ? "Turn affinity off" : "Turn affinity on";
+    if (btn.textContent !== label) { btn.textContent = label; }
+
+    var tbody = $("replicas").tBodies[0];
+    syncRows(tbody, view.replicas, function (r) { return r.id; }, function (r) {
+      var s = document.createElement("span");
+      s.textContent = r.id;
+      return row(replicaCols, s);
+    });
+    view.replicas.forEach(function (r, i) {
+      var tr = tbody.rows[i];
+      setClass(tr, "down", !r.ok);
+      replicaCols.slice(1).forEach(function (c) { set(tr.querySelector('[data-col="' + c + '"]'), r.cells[c]); });
+    });
+
+    var pick = $("replica-pick");
+    var ids = view.replicas.map(function (r) { return r.id; });
+    var opts = Array.prototype.slice.call(pick.options, 1).map(function (o) { return o.value; });
+    if (opts.join("\n") !== ids.join("\n")) {
+      while (pick.options.length > 1) { pick.remove(1); }
+      ids.forEach(function (id) { pick.add(new Option(id, id)); });
+      pick.value = ids.indexOf(replica) >= 0 ? replica : "";
+    }
+  }
+
+  // area returns an SVG path filling between the lower and upper series.
+  function area(lower, upper, w, h, top) {
+    var n = upper.length;
+    if (n === 0 || top <= 0) { return ""; }
+    var dx = n > 1 ? w / (n - 1) : w;
+    function y(v) { return (h - Math.min(v, top) / top * h).toFixed(1); }
+    var d = "M0 " + y(lower[0]);
+    for (var i = 0; i < n; i++) { d += "L" + (i * dx).toFixed(1) + " " + y(upper[i]); }
+    for (var j = n - 1; j >= 0; j--) { d += "L" + (j * dx).toFixed(1) + " " + y(lower[j]); }
+    return d + "Z";
+  }
+
+  function setPath(el, d) { if (el.getAttribute("d") !== d) { el.setAttribute("d", d); } }
+
+  function renderStats(view) {
+    var zero = view.cached.map(function () { return 0; });
+    var prompt = view.cached.map(function (c, i) { return c + view.computed[i]; });
+    var pTop = view.prompt_max.v, gTop = view.gen_max.v;
+    setPath($("p-cached"), area(zero, view.cached, 720, 180, pTop));
+    setPath($("p-computed"), area(view.cached, prompt, 720, 180, pTop));
+    setPath($("p-generated"), area(zero, view.generated, 720, 70, gTop));
+    set($("prompt-max"), view.prompt_max);
+    set($("gen-max"), view.gen_max);
+    set($("share"), view.share);
+    ["cached", "computed", "generated"].forEach(function (k) { set($("t-" + k), view.totals[k]); });
+    $("prompt-chart").setAttribute("data-points", String(view.cached.length));
+    setClass($("prompt-chart"), "empty", !view.has_data);
+  }
+
+  function tick() {
+    if (busy) { return; }
+    busy = true;
+    var work;
+    if (page === "card") {
+      var m = enc(model);
+      work = Promise.all([
+        getJSON(m + "/view.json").then(renderCard),
+        getJSON(m + "/stats.json" + (replica ? "?replica=" + enc(replica) : "")).then(renderStats)
+      ]);
+    } else {
+      work = getJSON("-/models.json").then(renderModels);
+    }
+    work.then(function () {
+      status(true, stamp());
+      body.setAttribute("data-rendered", String(Number(body.getAttribute("data-rendered") || 0) + 1));
+    }, function (err) {
+      status(false, "not updating: " + err.message);
+    }).then(function () {
+      busy = false;
+      setTimeout(tick, every);
+    });
+  }
+
+  function say(text, ok) {
+    var el = $("action-msg");
+    el.textContent = text;
+    setClass(el, "bad", !ok);
+  }
+
+  function send(method, path, payload) {
+    var init = { method: method, credentials: "same-origin", headers: {} };
+    if (payload !== undefined) {
+      init.headers["Content-Type"] = "application/json";
+      init.body = JSON.stringify(payload);
+    }
+    return fetch(url("../models/" + path), init).then(function (r) {
+      return r.json().catch(function () { return {}; }).then(function (j) {
+        if (!r.ok) { throw new Error(j.error || r.status + " " + r.statusText); }
+        return j;
+      });
+    });
+  }
+
+  if (page === "card") {
+    $("toggle-affinity").addEventListener("click", function () {
+      if (!writable || affinityOn === null) { return; }
+      var want = !affinityOn;
+      send("PUT", enc(model) + "/affinity", { affinity: want }).then(function () {
+        say("affinity is now " + (want ? "on" : "off"), true);
+      }, function (err) { say("could not change affinity: " + err.message, false); });
+    });
+    $("unpin").addEventListener("submit", function (ev) {
+      ev.preventDefault();
+      var key = $("unpin-key").value.trim();
+      if (!writable || !key) { return; }
+      send("DELETE", enc(model) + "/sessions/" + enc(key)).then(function () {
+        say("unpinned " + key + ": its next turn is placed afresh", true);
+        $("unpin-key").value = "";
+      }, function (err) { say("could not unpin " + key + ": " + err.message, false); });
+    });
+    $("replica-pick").addEventListener("change", function (ev) {
+      replica = ev.target.value;
+      var m = enc(model);
+      getJSON(m + "/stats.json" + (replica ? "?replica=" + enc(replica) : "")).then(renderStats, function (err) {
+        status(false, "not updating: " + err.message);
+      });
+    });
+  }
+  tick();
+})();

@@ -39,24 +39,31 @@ func (r *Router) lookup(h uint64, now int64) int32 {
 	}
 	if now-r.b.ents[e].last > int64(r.cfg.IdleTTL) {
 		r.removeEntry(e)
+		r.expired++
 		return nilIdx
 	}
 	return e
 }
 
-// bind binds h to p, creating or moving the entry.
-func (r *Router) bind(h uint64, p *replica, now int64) {
-	if e, ok := r.b.idx[h]; ok {
+// bind binds h to p, creating or moving the entry, and returns the replica
+// a live binding pointed to before when that was another one.
+func (r *Router) bind(h uint64, p *replica, now int64) (previous string) {
+	if e := r.lookup(h, now); e != nilIdx {
+		if q := r.reps[r.b.ents[e].rep]; q != p {
+			previous = q.id
+		}
 		r.rebind(e, p, now)
-		return
+		return previous
 	}
 	r.insert(h, p, now)
+	return ""
 }
 
 // insert adds a new binding, evicting the least recently used at MaxBindings.
 func (r *Router) insert(h uint64, p *replica, now int64) {
 	for r.b.n >= r.cfg.MaxBindings && r.b.gtail != nilIdx {
 		r.removeEntry(r.b.gtail)
+		r.evicted++
 	}
 	var e int32
 	if r.b.free != nilIdx {
@@ -120,6 +127,7 @@ func (r *Router) expireOldest(now int64, limit int) int {
 	n := 0
 	for r.b.gtail != nilIdx && n != limit && r.b.ents[r.b.gtail].last < cut {
 		r.removeEntry(r.b.gtail)
+		r.expired++
 		n++
 	}
 	return n

@@ -10,6 +10,10 @@ import (
 type Decision struct {
 	Replica string
 	Reason  Reason
+	// Previous is the replica the conversation was bound to before this
+	// decision moved it (spilled, re-placed, or pinned elsewhere); "" when
+	// it did not move.
+	Previous string
 
 	s   *slot
 	tok uint64

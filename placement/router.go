@@ -184,6 +184,7 @@ type Router struct {
 	b bindings
 
 	requests, keyed, sticky uint64
+	expired, evicted        uint64
 
 	inflight atomic.Int64
 	slots    slotPool
@@ -215,6 +216,7 @@ func (r *Router) Reconfigure(cfg Config) {
 	r.setConfig(cfg)
 	for r.b.n > r.cfg.MaxBindings {
 		r.removeEntry(r.b.gtail)
+		r.evicted++
 	}
 }
 
@@ -336,11 +338,14 @@ func (r *Router) Route(req Request) (Decision, error) {
 	if req.Pin != "" {
 		if i, ok := r.byID[req.Pin]; ok && r.usable(r.reps[i]) {
 			p := r.reps[i]
+			var prev string
 			if affinity {
-				r.bind(r.hash(req.Key), p, now)
+				prev = r.bind(r.hash(req.Key), p, now)
 			}
 			p.pinned++
-			return r.take(p, ReasonClientPinned), nil
+			d := r.take(p, ReasonClientPinned)
+			d.Previous = prev
+			return d, nil
 		}
 	}
 	if !affinity {
@@ -390,14 +395,18 @@ func (r *Router) Route(req Request) (Decision, error) {
 		r.keyed++
 		r.rebind(e, p, now)
 		p.replaced++
-		return r.take(p, ReasonReplaced), nil
+		d := r.take(p, ReasonReplaced)
+		d.Previous = bound.id
+		return d, nil
 	}
 	r.keyed++
 	if bound.running() > r.threshold {
 		if p := r.best(now, bound, true); p != nil {
 			r.rebind(e, p, now)
 			p.spill++
-			return r.take(p, ReasonSpilled), nil
+			d := r.take(p, ReasonSpilled)
+			d.Previous = bound.id
+			return d, nil
 		}
 		r.touch(e, now)
 		r.sticky++
@@ -565,6 +574,8 @@ type Snapshot struct {
 	StickyRequests uint64  // of those, the ones that stayed on their replica
 	StickyShare    float64 // StickyRequests / KeyedRequests; 0 when none
 	Bindings       int
+	Expired        uint64            // bindings removed after IdleTTL without a turn
+	Evicted        uint64            // bindings removed as least recently used at MaxBindings
 	Since          time.Time         // when the counters started
 	Replicas       []ReplicaSnapshot // present replicas, sorted by ID
 }
@@ -604,6 +615,8 @@ func (r *Router) Snapshot() Snapshot {
 		KeyedRequests:  r.keyed,
 		StickyRequests: r.sticky,
 		Bindings:       r.b.n,
+		Expired:        r.expired,
+		Evicted:        r.evicted,
 		Since:          r.since,
 		Replicas:       make([]ReplicaSnapshot, 0, len(r.order)),
 	}

@@ -56,6 +56,7 @@ func TestRouteRules(t *testing.T) {
 		want      string
 		reason    Reason
 		wantBound string // "" = key must not be bound afterwards; "-" = don't check
+		previous  string
 		wantErr   error
 	}{
 		{
@@ -114,7 +115,7 @@ func TestRouteRules(t *testing.T) {
 				r.UpdateLoad("r0", running(2))
 				r.UpdateLoad("r2", running(1))
 			},
-			req: Request{Key: "k"}, want: "r2", reason: ReasonSpilled, wantBound: "r2",
+			req: Request{Key: "k"}, want: "r2", reason: ReasonSpilled, wantBound: "r2", previous: "r1",
 		},
 		{
 			name: "spill counts the router's in-flight against the threshold",
@@ -123,7 +124,7 @@ func TestRouteRules(t *testing.T) {
 				bindTo(t, r, "k", "r0", t0)
 				hold(t, r, "r0", 3)
 			},
-			req: Request{Key: "k"}, want: "r1", reason: ReasonSpilled, wantBound: "r1",
+			req: Request{Key: "k"}, want: "r1", reason: ReasonSpilled, wantBound: "r1", previous: "r0",
 		},
 		{
 			name: "spill skips replicas over the threshold even if less loaded than others",
@@ -135,7 +136,7 @@ func TestRouteRules(t *testing.T) {
 				r.UpdateLoad("r2", running(5))
 				r.UpdateLoad("r3", running(2))
 			},
-			req: Request{Key: "k"}, want: "r3", reason: ReasonSpilled, wantBound: "r3",
+			req: Request{Key: "k"}, want: "r3", reason: ReasonSpilled, wantBound: "r3", previous: "r0",
 		},
 		{
 			name: "every replica over the threshold: stay",
@@ -156,7 +157,7 @@ func TestRouteRules(t *testing.T) {
 				r.SetReplicas([]string{"r0", "r2"})
 				r.UpdateLoad("r0", running(4))
 			},
-			req: Request{Key: "k"}, want: "r2", reason: ReasonReplaced, wantBound: "r2",
+			req: Request{Key: "k"}, want: "r2", reason: ReasonReplaced, wantBound: "r2", previous: "r1",
 		},
 		{
 			name: "bound replica unavailable: re-placed",
@@ -166,7 +167,7 @@ func TestRouteRules(t *testing.T) {
 				r.SetAvailable("r1", false)
 				r.UpdateLoad("r2", running(4))
 			},
-			req: Request{Key: "k"}, want: "r0", reason: ReasonReplaced, wantBound: "r0",
+			req: Request{Key: "k"}, want: "r0", reason: ReasonReplaced, wantBound: "r0", previous: "r1",
 		},
 		{
 			name: "bound replica excluded for this request: re-placed",
@@ -175,7 +176,7 @@ func TestRouteRules(t *testing.T) {
 				bindTo(t, r, "k", "r1", t0)
 				r.UpdateLoad("r0", running(4))
 			},
-			req: Request{Key: "k", Exclude: []string{"r1"}}, want: "r2", reason: ReasonReplaced, wantBound: "r2",
+			req: Request{Key: "k", Exclude: []string{"r1"}}, want: "r2", reason: ReasonReplaced, wantBound: "r2", previous: "r1",
 		},
 		{
 			name: "new key: fewer running wins",
@@ -257,7 +258,7 @@ func TestRouteRules(t *testing.T) {
 				bindTo(t, r, "k", "r0", t0)
 				r.UpdateLoad("r2", running(100))
 			},
-			req: Request{Key: "k", Pin: "r2"}, want: "r2", reason: ReasonClientPinned, wantBound: "r2",
+			req: Request{Key: "k", Pin: "r2"}, want: "r2", reason: ReasonClientPinned, wantBound: "r2", previous: "r0",
 		},
 		{
 			name: "pin honoured with affinity off, nothing bound",
@@ -326,8 +327,8 @@ func TestRouteRules(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if d.Replica != tc.want || d.Reason != tc.reason {
-					t.Fatalf("got %s (%s), want %s (%s)", d.Replica, d.Reason, tc.want, tc.reason)
+				if d.Replica != tc.want || d.Reason != tc.reason || d.Previous != tc.previous {
+					t.Fatalf("got %s (%s, previous %q), want %s (%s, previous %q)", d.Replica, d.Reason, d.Previous, tc.want, tc.reason, tc.previous)
 				}
 			}
 			if tc.wantBound != "-" && req.Key != "" {
@@ -445,6 +446,9 @@ func TestIdleTTL(t *testing.T) {
 	if _, ok := r.Bound("k"); ok {
 		t.Fatal("k still bound")
 	}
+	if s := r.Snapshot(); s.Expired != 12 || s.Evicted != 0 {
+		t.Fatalf("expired %d evicted %d, want 12 0", s.Expired, s.Evicted)
+	}
 }
 
 func TestRouteDrainsExpiredBindings(t *testing.T) {
@@ -482,9 +486,12 @@ func TestLRUEviction(t *testing.T) {
 	if s.Bindings != 3 || s.Replicas[0].Bindings != 2 || s.Replicas[1].Bindings != 1 {
 		t.Fatalf("snapshot bindings %d %+v", s.Bindings, s.Replicas)
 	}
+	if s.Evicted != 1 || s.Expired != 0 {
+		t.Fatalf("evicted %d expired %d", s.Evicted, s.Expired)
+	}
 	r.Reconfigure(Config{MaxBindings: 1})
-	if _, ok := r.Bound("d"); !ok || r.Len() != 1 {
-		t.Fatalf("after shrinking: len %d", r.Len())
+	if _, ok := r.Bound("d"); !ok || r.Len() != 1 || r.Snapshot().Evicted != 3 {
+		t.Fatalf("after shrinking: len %d, %+v", r.Len(), r.Snapshot())
 	}
 }
 
@@ -525,15 +532,27 @@ func TestCountersAndSnapshot(t *testing.T) {
 		}
 		return d
 	}
-	route(Request{Key: "k", Pin: "a"}).Release()               // pinned
-	route(Request{Key: "k"}).Release()                         // sticky on a
-	route(Request{Key: "k"}).Release()                         // sticky on a
-	route(Request{}).Release()                                 // no key
-	r.UpdateLoad("a", running(2))                              // a over threshold
-	route(Request{Key: "k"}).Release()                         // spilled to b
-	r.UpdateLoad("b", running(2))                              // both over
-	route(Request{Key: "k"}).Release()                         // stayed on b
-	route(Request{Key: "k", Exclude: []string{"b"}}).Release() // re-placed on a
+	route(Request{Key: "k", Pin: "a"}).Release() // pinned
+	route(Request{Key: "k"}).Release()           // sticky on a
+	route(Request{Key: "k"}).Release()           // sticky on a
+	route(Request{}).Release()                   // no key
+	r.UpdateLoad("a", running(2))                // a over threshold
+	if d := route(Request{Key: "k"}); d.Reason != ReasonSpilled || d.Previous != "a" {
+		t.Fatalf("spill: %+v", d)
+	} else {
+		d.Release()
+	}
+	r.UpdateLoad("b", running(2)) // both over
+	if d := route(Request{Key: "k"}); d.Reason != ReasonStayedOverloaded || d.Previous != "" {
+		t.Fatalf("stay: %+v", d)
+	} else {
+		d.Release()
+	}
+	if d := route(Request{Key: "k", Exclude: []string{"b"}}); d.Reason != ReasonReplaced || d.Previous != "b" {
+		t.Fatalf("re-place: %+v", d)
+	} else {
+		d.Release()
+	}
 	r.SetAffinity(false)
 	held := route(Request{Key: "k"}) // affinity off
 	if r.Affinity() {

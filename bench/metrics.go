@@ -18,6 +18,7 @@ type TurnRecord struct {
 	Output     int    // output tokens received (usage when reported, else counted)
 	Replica    string // replica that served, "" when unknown
 	Err        bool
+	Aborted    bool // cut off by the end of the stage: neither a request nor an error
 }
 
 // ReplicaCounters are one replica's numbers at one poll.
@@ -86,7 +87,7 @@ func Measure(turns []TurnRecord, polls []Poll, w Window) Stage {
 		if t.FirstToken > 0 && !t.Err && w.contains(t.FirstToken) {
 			ttfb = append(ttfb, (t.FirstToken - t.Start).Seconds())
 		}
-		if !w.contains(t.End) {
+		if t.Aborted || !w.contains(t.End) {
 			continue
 		}
 		st.Requests++

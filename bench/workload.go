@@ -7,29 +7,34 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strings"
+	"time"
 )
 
 // Workload describes the Claude-Code-like sessions of the brief. Sizes are in
 // tokens as counted by the workload's TokenCounter.
 type Workload struct {
 	// Seed makes two runs send identical prompts.
-	Seed uint64
+	Seed uint64 `json:"seed"`
 	// SystemTokens is the size of the system prompt shared by all sessions.
-	SystemTokens int
+	SystemTokens int `json:"system_tokens"`
 	// FirstTokens is the size of a session's first user message.
-	FirstTokens int
+	FirstTokens int `json:"first_tokens"`
 	// Turns is the number of turns per session, the first one included.
-	Turns int
+	Turns int `json:"turns"`
 	// TurnTokens is the size of every later user message.
-	TurnTokens int
+	TurnTokens int `json:"turn_tokens"`
 	// OutputTokens is max_tokens of every turn.
-	OutputTokens int
+	OutputTokens int `json:"output_tokens"`
 	// Jitter varies the first message and the later messages uniformly by
 	// ±Jitter (a fraction, e.g. 0.02) per session, so sessions are not all
 	// the same length. Zero gives exact targets.
-	Jitter float64
+	Jitter float64 `json:"jitter"`
 	// Model is the model name sent in requests.
-	Model string
+	Model string `json:"model"`
+	// Think is the mean pause between a turn's answer and the session's
+	// next turn (the client running tools); each pause is drawn uniformly
+	// from [Think/2, 3·Think/2]. Zero sends the next turn at once.
+	Think time.Duration `json:"think_ns"`
 }
 
 // DefaultWorkload is the brief's 4-GPU measurement: a 3.5k system prompt,
@@ -44,6 +49,7 @@ func DefaultWorkload() Workload {
 		OutputTokens: 256,
 		Jitter:       0.02,
 		Model:        "qwen3-4b",
+		Think:        3 * time.Second,
 	}
 }
 
@@ -60,6 +66,7 @@ func SevenGPUWorkload() Workload {
 		OutputTokens: 256,
 		Jitter:       0.02,
 		Model:        "gemma-27b",
+		Think:        3 * time.Second,
 	}
 }
 
@@ -78,6 +85,8 @@ func (w Workload) Validate() error {
 		return fmt.Errorf("workload: turns must be at least 1, got %d", w.Turns)
 	case w.OutputTokens < 1:
 		return fmt.Errorf("workload: output tokens must be at least 1, got %d", w.OutputTokens)
+	case w.Think < 0:
+		return fmt.Errorf("workload: think time must not be negative, got %v", w.Think)
 	case w.Jitter < 0 || w.Jitter >= 0.5:
 		return fmt.Errorf("workload: jitter must be in [0, 0.5), got %g", w.Jitter)
 	}
@@ -154,6 +163,10 @@ func (g *Generator) Session(n int) *Session {
 		s.Messages[i] = head + textOfTokens(r, target-g.count(head), g.count)
 	}
 	s.OutputTokens = g.w.OutputTokens
+	s.Think = make([]time.Duration, g.w.Turns)
+	for i := 1; i < len(s.Think); i++ {
+		s.Think[i] = time.Duration(float64(g.w.Think) * (0.5 + r.Float64()))
+	}
 	return s
 }
 
@@ -169,6 +182,8 @@ type Session struct {
 	Messages     []string // user message of every turn
 	Answers      []string // assistant answer of every completed turn
 	OutputTokens int      // max_tokens per turn
+	// Think is the client's pause before each turn (0 before the first).
+	Think []time.Duration
 }
 
 // Turns is the number of turns of the session.

@@ -1,0 +1,69 @@
+package bench
+
+import (
+	"time"
+
+	"github.com/lmwarden/caddy-lmwarden/emulator"
+	"github.com/lmwarden/caddy-lmwarden/placement"
+)
+
+// Figures behind SevenGPUEngineConfig: one RTX 5090 (32 GB GDDR7,
+// 1,792 GB/s) serving a 27B-class model quantised to 4 bits (≈15 GB of
+// weights).
+const (
+	rtx5090Bandwidth   = 1792e9
+	rtx5090Efficacy    = 0.65
+	model27BParams     = 27e9
+	model27BWeightByte = 15e9   // 4-bit weights plus scales
+	rtx5090PrefillFL   = 110e12 // effective FLOP/s of a large prefill
+	model27BAttnFLOPs  = 4 * 64 * 32 * 128
+	sevenGPUKVTokens   = 144000
+	sevenGPUKVBytesTok = 12e9 / sevenGPUKVTokens // ≈ 83 KB of KV per token
+)
+
+// SevenGPUEngineConfig is one replica of the brief's second story: a
+// 27B-class model on one RTX 5090. The KV capacity is set from the brief's
+// own account rather than a model card: 16 sessions of ~58k tokens on
+// seven replicas "fit" (≈ 133k tokens per replica) and 26 do not, so each
+// replica holds 144,000 tokens (9,000 blocks of 16), about 12 GB of KV at
+// ≈ 83 KB per token. Step times follow the emulator's model: 15 GB of
+// weights streamed per step at 65 % of 1,792 GB/s (≈ 12.9 ms, ≈ 70 tok/s
+// for a lone sequence), 2 × 27e9 FLOPs per prefill token and a 64-layer,
+// 32-head, 128-dim attention at an effective 110 TFLOP/s.
+func SevenGPUEngineConfig() emulator.EngineConfig {
+	bw := rtx5090Bandwidth * rtx5090Efficacy
+	return emulator.EngineConfig{
+		BlockSize:           16,
+		NumGPUBlocks:        sevenGPUKVTokens / 16,
+		MaxNumSeqs:          32,
+		MaxNumBatchedTokens: 2048,
+		MaxModelLen:         131072,
+		Timing: emulator.Timing{
+			StepOverhead:          0.003,
+			WeightRead:            model27BWeightByte / bw,
+			PrefillPerToken:       2 * model27BParams / rtx5090PrefillFL,
+			AttentionPerPair:      model27BAttnFLOPs / rtx5090PrefillFL,
+			DecodePerContextToken: sevenGPUKVBytesTok / bw,
+		},
+	}
+}
+
+// SevenGPUSimConfig is the brief's second story as a simulation: seven
+// replicas, sessions of ~58k tokens, 26 and then 16 concurrent sessions,
+// under Caddy's header hash of the session ID (the first rule in the
+// story), vLLM-style balancing (affinity off) and LM Warden (affinity on).
+// Stages are 10 minutes after a 3-minute warm-up (the story's decline took
+// 35; pass a longer StageLength to watch all of it).
+func SevenGPUSimConfig() SimConfig {
+	return SimConfig{
+		Workload:     SevenGPUWorkload(),
+		Engine:       SevenGPUEngineConfig(),
+		Replicas:     7,
+		Stages:       []int{16, 26},
+		Modes:        []string{ModeHeader, ModeOff, ModeOn},
+		StageLength:  10 * time.Minute,
+		Warmup:       3 * time.Minute,
+		PollInterval: time.Second,
+		Placement:    placement.Config{MaxNumSeqs: 32},
+	}
+}

@@ -1,0 +1,407 @@
+package bench
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/lmwarden/caddy-lmwarden/emulator"
+	"github.com/lmwarden/caddy-lmwarden/placement"
+)
+
+// SimConfig is one simulated run: the emulator's engine model on a virtual
+// clock, the real placement router (or a model of one of Caddy's own
+// policies) and the workload, with no HTTP in between.
+type SimConfig struct {
+	Workload Workload
+	Engine   emulator.EngineConfig
+	Replicas int
+	// Stages are the numbers of concurrent sessions, run in order; each
+	// runs once per mode, all on the same engines (caches are kept, as
+	// when switching affinity without restarting vLLM).
+	Stages []int
+	Modes  []string
+	// StageLength is the measured part of a stage; Warmup precedes it and
+	// is excluded. Both in engine time.
+	StageLength, Warmup time.Duration
+	// PollInterval is how often the replicas' counters are read, both for
+	// the report and as the router's polled load (default 1 s).
+	PollInterval time.Duration
+	// Placement configures LM Warden's router; AffinityOff is set per mode.
+	Placement placement.Config
+	// Progress, when set, is called after every stage.
+	Progress func(Stage)
+}
+
+// DefaultSimConfig is the brief's 4-GPU sweep: 4 replicas of the
+// calibrated engine, stages 4–32, affinity off then on, 3-minute stages
+// after a 30-second warm-up.
+func DefaultSimConfig() SimConfig {
+	return SimConfig{
+		Workload:     DefaultWorkload(),
+		Engine:       emulator.DefaultEngineConfig(),
+		Replicas:     4,
+		Stages:       []int{4, 8, 16, 24, 32},
+		Modes:        []string{ModeOff, ModeOn},
+		StageLength:  3 * time.Minute,
+		Warmup:       30 * time.Second,
+		PollInterval: time.Second,
+		Placement:    placement.Config{MaxNumSeqs: 32},
+	}
+}
+
+// simEpoch is the wall-clock instant virtual time 0 maps to, for the
+// router's idle and activity windows.
+var simEpoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+type simTurn struct {
+	slot    *simSlot
+	req     *emulator.EngineRequest
+	rep     int
+	release func()
+	rec     TurnRecord
+}
+
+type simSlot struct {
+	sendAt time.Duration // when the next turn is due (think time); -1 when none
+	sess   *Session
+	hist   []uint32 // prompt tokens of the turns so far, answers included
+	cur    *simTurn
+}
+
+type simEngine struct {
+	e        *emulator.Engine
+	id       string
+	stepping bool
+	stepEnd  time.Duration
+	pending  []emulator.Event
+	inflight int // requests routed here and not finished (Caddy's count)
+}
+
+type simulator struct {
+	cfg     SimConfig
+	gen     *Generator
+	sysTok  []uint32
+	genTok  []uint32 // the generation prompt after the last message
+	endTok  []uint32 // the end of an answer in the history
+	engines []*simEngine
+	byID    map[string]int
+	router  *placement.Router
+	rng     *rand.Rand
+	robin   uint32
+	now     time.Duration
+	polls   []Poll
+	turns   []TurnRecord
+	mode    string
+	stopped bool
+}
+
+// Sim runs the configured sweep and returns its report. The same
+// configuration gives the same report.
+func Sim(cfg SimConfig) (*Report, error) {
+	if cfg.Replicas < 1 {
+		return nil, fmt.Errorf("sim: need at least one replica, got %d", cfg.Replicas)
+	}
+	if cfg.StageLength <= 0 {
+		return nil, fmt.Errorf("sim: stage length must be positive")
+	}
+	if cfg.PollInterval <= 0 {
+		cfg.PollInterval = time.Second
+	}
+	if err := cfg.Engine.Validate(); err != nil {
+		return nil, fmt.Errorf("sim: %w", err)
+	}
+	for _, m := range cfg.Modes {
+		if !validMode(m) {
+			return nil, fmt.Errorf("sim: unknown mode %q", m)
+		}
+	}
+	gen, err := NewGenerator(cfg.Workload, emulator.CountTokens)
+	if err != nil {
+		return nil, err
+	}
+	s := &simulator{
+		cfg:    cfg,
+		gen:    gen,
+		sysTok: emulator.Tokenize(renderSystem(gen.System())),
+		genTok: emulator.Tokenize(generationPrompt),
+		endTok: emulator.Tokenize(answerEnd),
+		byID:   map[string]int{},
+		rng:    rand.New(rand.NewPCG(cfg.Workload.Seed, 0xca11ab1e)),
+	}
+	ids := make([]string, cfg.Replicas)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("replica-%d", i)
+		s.byID[ids[i]] = i
+		s.engines = append(s.engines, &simEngine{e: emulator.NewEngine(cfg.Engine), id: ids[i]})
+	}
+	pc := cfg.Placement
+	if pc.MaxNumSeqs == 0 {
+		pc.MaxNumSeqs = cfg.Engine.MaxNumSeqs
+	}
+	s.router = placement.NewRouter(pc)
+	s.router.SetReplicas(ids)
+	for _, id := range ids {
+		s.router.SetAvailable(id, true)
+	}
+	s.poll()
+
+	rep := &Report{Kind: "sim", Speed: 0, Workload: cfg.Workload}
+	for _, n := range cfg.Stages {
+		for _, m := range cfg.Modes {
+			st, err := s.stage(m, n)
+			if err != nil {
+				return rep, err
+			}
+			rep.Stages = append(rep.Stages, st)
+			if cfg.Progress != nil {
+				cfg.Progress(st)
+			}
+		}
+	}
+	return rep, nil
+}
+
+func validMode(m string) bool {
+	for _, x := range CompareModes {
+		if m == x {
+			return true
+		}
+	}
+	return false
+}
+
+// renderSystem and renderMessage render prompts as the emulator's server
+// does (the ChatML-like template Qwen3 uses), so a turn's prompt is the
+// previous turn's prompt, its answer and the new message, token for token.
+func renderSystem(text string) string { return "<|im_start|>system\n" + text + "<|im_end|>\n" }
+
+func renderMessage(role, text string) string {
+	return "<|im_start|>" + role + "\n" + text + "<|im_end|>\n"
+}
+
+const (
+	generationPrompt = "<|im_start|>assistant\n"
+	answerEnd        = "<|im_end|>\n"
+)
+
+func (s *simulator) stage(mode string, n int) (Stage, error) {
+	s.mode = mode
+	if mode == ModeOff || mode == ModeOn {
+		s.router.SetAffinity(mode == ModeOn)
+	}
+	first := len(s.turns)
+	start := s.now
+	w := Window{From: start + s.cfg.Warmup, To: start + s.cfg.Warmup + s.cfg.StageLength}
+	slots := make([]*simSlot, n)
+	s.stopped = false
+	for i := range slots {
+		slots[i] = &simSlot{sendAt: -1}
+		s.newSession(slots[i])
+	}
+	nextPoll := s.lastPoll() + s.cfg.PollInterval
+	for {
+		s.kick()
+		next, which := w.To, -1
+		for i, e := range s.engines {
+			if e.stepping && e.stepEnd < next {
+				next, which = e.stepEnd, i
+			}
+		}
+		due := -1
+		for i, sl := range slots {
+			if sl.sendAt >= 0 && sl.sendAt <= next && (due < 0 || sl.sendAt < slots[due].sendAt) {
+				due = i
+			}
+		}
+		if due >= 0 && (which < 0 || slots[due].sendAt < next) {
+			s.now = slots[due].sendAt
+			slots[due].sendAt = -1
+			s.send(slots[due])
+			continue
+		}
+		if nextPoll < next || (nextPoll == next && which < 0) {
+			s.now = nextPoll
+			s.poll()
+			nextPoll += s.cfg.PollInterval
+			continue
+		}
+		s.now = next
+		if which < 0 {
+			break
+		}
+		s.finishStep(which)
+	}
+	// Stage end: the clients go away; their requests are aborted.
+	s.stopped = true
+	for _, sl := range slots {
+		if t := sl.cur; t != nil {
+			s.engines[t.rep].e.Abort(t.req)
+			s.done(t)
+			sl.cur = nil
+		}
+	}
+	st := Measure(s.turns[first:], s.polls, w)
+	st.Mode, st.Sessions = mode, n
+	st.Policy = "sim:" + policyOf(mode)
+	return st, nil
+}
+
+func policyOf(mode string) string {
+	if mode == ModeOff || mode == ModeOn {
+		return "lm_warden"
+	}
+	return mode
+}
+
+func (s *simulator) lastPoll() time.Duration {
+	if len(s.polls) == 0 {
+		return 0
+	}
+	return s.polls[len(s.polls)-1].At
+}
+
+// kick starts a step on every idle engine that has work.
+func (s *simulator) kick() {
+	for _, e := range s.engines {
+		if e.stepping || e.e.Idle() {
+			continue
+		}
+		e.e.AdvanceTo(s.now)
+		d, evs := e.e.Step()
+		e.pending = append(e.pending[:0], evs...)
+		if d <= 0 {
+			d = time.Millisecond
+		}
+		e.stepping, e.stepEnd = true, s.now+d
+	}
+}
+
+func (s *simulator) finishStep(i int) {
+	e := s.engines[i]
+	e.stepping = false
+	for _, ev := range e.pending {
+		t, ok := ev.Req.Data.(*simTurn)
+		if !ok || ev.Req.Aborted || t.slot.cur != t {
+			continue
+		}
+		switch ev.Kind {
+		case emulator.EventToken:
+			if ev.Index == 0 {
+				t.rec.FirstToken = s.now
+			}
+		case emulator.EventFinished:
+			t.rec.End = s.now
+			t.rec.Output = len(t.req.Output)
+			s.done(t)
+			sl := t.slot
+			sl.cur = nil
+			sl.hist = append(append(append(sl.hist, s.genTok...), t.req.Output...), s.endTok...)
+			sl.sess.Answers = append(sl.sess.Answers, "")
+			if s.stopped {
+				continue
+			}
+			if sl.sess.Done() {
+				s.newSession(sl)
+			} else if think := sl.sess.Think[sl.sess.Turn()]; think > 0 {
+				sl.sendAt = s.now + think
+			} else {
+				s.send(sl)
+			}
+		}
+	}
+	e.pending = e.pending[:0]
+}
+
+// done records the turn and releases its routing slot.
+func (s *simulator) done(t *simTurn) {
+	if t.rec.End == 0 {
+		t.rec.End, t.rec.Aborted = s.now, true // the stage ended first
+	}
+	s.turns = append(s.turns, t.rec)
+	t.release()
+	s.engines[t.rep].inflight--
+}
+
+func (s *simulator) newSession(sl *simSlot) {
+	sl.sess = s.gen.Next()
+	sl.hist = append(sl.hist[:0], s.sysTok...)
+	s.send(sl)
+}
+
+// send routes the slot's next turn and adds it to the chosen engine.
+func (s *simulator) send(sl *simSlot) {
+	sess := sl.sess
+	turn := sess.Turn()
+	sl.hist = emulator.AppendTokens(sl.hist, renderMessage("user", sess.Messages[turn]))
+	prompt := append(append(make([]uint32, 0, len(sl.hist)+len(s.genTok)), sl.hist...), s.genTok...)
+	rep, release := s.route(sess.ID)
+	t := &simTurn{slot: sl, rep: rep, release: release}
+	t.rec = TurnRecord{Session: sess.Serial, Turn: turn, LastTurn: turn == sess.Turns()-1, Start: s.now, Replica: s.engines[rep].id}
+	t.req = &emulator.EngineRequest{ID: fmt.Sprintf("%s-%d", sess.ID, turn), Prompt: prompt, MaxTokens: sess.OutputTokens, Data: t}
+	s.engines[rep].inflight++
+	e := s.engines[rep].e
+	e.AdvanceTo(s.now) // a no-op while the engine is inside a step
+	if err := e.Add(t.req); err != nil {
+		// The engine refused the turn (too long): an error, and the
+		// session is replaced.
+		t.rec.End, t.rec.Err = s.now, true
+		s.turns = append(s.turns, t.rec)
+		release()
+		s.engines[rep].inflight--
+		if !s.stopped {
+			s.newSession(sl)
+		}
+		return
+	}
+	sl.cur = t
+}
+
+// route picks the replica for one turn under the current mode.
+func (s *simulator) route(key string) (int, func()) {
+	switch s.mode {
+	case ModeLeastConn:
+		best, n := -1, 0
+		for i, e := range s.engines {
+			switch {
+			case best < 0 || e.inflight < s.engines[best].inflight:
+				best, n = i, 1
+			case e.inflight == s.engines[best].inflight:
+				n++
+				if s.rng.IntN(n) == 0 { // uniform among ties, as Caddy does
+					best = i
+				}
+			}
+		}
+		return best, func() {}
+	case ModeRoundRobin:
+		s.robin++
+		return int(s.robin % uint32(len(s.engines))), func() {}
+	case ModeHeader:
+		best, hi := 0, uint64(0)
+		for i, e := range s.engines {
+			if h := xxhash.Sum64String(e.id + key); h > hi {
+				best, hi = i, h
+			}
+		}
+		return best, func() {}
+	}
+	d, err := s.router.Route(placement.Request{Key: key, Now: simEpoch.Add(s.now)})
+	if err != nil {
+		panic(fmt.Sprintf("sim: router has no replica: %v", err)) // every replica is always available here
+	}
+	return s.byID[d.Replica], d.Release
+}
+
+// poll reads every engine's counters, records them and feeds the router.
+func (s *simulator) poll() {
+	p := Poll{At: s.now, Replicas: make(map[string]ReplicaCounters, len(s.engines))}
+	for _, e := range s.engines {
+		st := e.e.Stats()
+		p.Replicas[e.id] = ReplicaCounters{Running: float64(e.e.Running()), Hits: float64(st.PrefixHits), Queries: float64(st.PrefixQueries)}
+		s.router.UpdateLoad(e.id, placement.Load{Running: e.e.Running(), Waiting: e.e.Waiting(), KVUsage: e.e.KVUsage(), Reachable: true, Seen: simEpoch.Add(s.now)})
+	}
+	s.polls = append(s.polls, p)
+}

@@ -1,0 +1,370 @@
+package caddymodule
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/lmwarden/caddy-lmwarden/vllmstats"
+)
+
+func init() {
+	caddy.RegisterModule(adminAPI{})
+}
+
+// uiHandler serves the routing card and stats pages at GET /lm-warden/ and
+// /lm-warden/ui/…; the page code sets it. While it is nil those paths
+// answer 404.
+var uiHandler caddy.AdminHandler
+
+// adminAPI serves LM Warden's JSON on Caddy's admin endpoint:
+//
+//	GET    /lm-warden/models                          models with headline numbers
+//	GET    /lm-warden/models/{model}                  the routing card
+//	GET    /lm-warden/models/{model}/stats            per-second tokens, last hour
+//	PUT    /lm-warden/models/{model}/affinity         {"affinity":false}
+//	DELETE /lm-warden/models/{model}/sessions/{key}   unpin one conversation
+//
+// A model name containing "/" may be sent as is or path-escaped.
+type adminAPI struct{}
+
+// CaddyModule returns the Caddy module information.
+func (adminAPI) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "admin.api.lm_warden",
+		New: func() caddy.Module { return new(adminAPI) },
+	}
+}
+
+// Routes returns the admin routes.
+func (a adminAPI) Routes() []caddy.AdminRoute {
+	return []caddy.AdminRoute{
+		{Pattern: "/lm-warden/models", Handler: caddy.AdminHandlerFunc(a.handleModels)},
+		{Pattern: "/lm-warden/models/", Handler: caddy.AdminHandlerFunc(a.handleModel)},
+		{Pattern: "/lm-warden/", Handler: caddy.AdminHandlerFunc(a.handleUI)},
+	}
+}
+
+func apiErr(status int, format string, args ...any) error {
+	err := fmt.Errorf(format, args...)
+	return caddy.APIError{HTTPStatus: status, Err: err, Message: err.Error()}
+}
+
+func (adminAPI) handleUI(w http.ResponseWriter, r *http.Request) error {
+	if uiHandler == nil {
+		return apiErr(http.StatusNotFound, "not found: %s", r.URL.Path)
+	}
+	return uiHandler.ServeHTTP(w, r)
+}
+
+// serveAdminJSON answers a GET of one of this module's JSON paths
+// (/lm-warden/models…) in-process, as the admin endpoint would: the status,
+// the body, and the error for non-2xx answers.
+func serveAdminJSON(ctx context.Context, path string) (int, []byte, error) {
+	req := httptest.NewRequestWithContext(ctx, http.MethodGet, path, nil)
+	rec := httptest.NewRecorder()
+	var a adminAPI
+	var err error
+	switch {
+	case req.URL.Path == "/lm-warden/models":
+		err = a.handleModels(rec, req)
+	case strings.HasPrefix(req.URL.Path, "/lm-warden/models/"):
+		err = a.handleModel(rec, req)
+	default:
+		err = apiErr(http.StatusNotFound, "not found: %s", path)
+	}
+	if err != nil {
+		var ae caddy.APIError
+		if errors.As(err, &ae) {
+			return ae.HTTPStatus, nil, err
+		}
+		return http.StatusInternalServerError, nil, err
+	}
+	return rec.Code, rec.Body.Bytes(), nil
+}
+
+func writeJSON(w http.ResponseWriter, v any) error {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	return json.NewEncoder(w).Encode(v)
+}
+
+// ModelSummary is one entry of GET /lm-warden/models.
+type ModelSummary struct {
+	Model           string  `json:"model"`
+	Affinity        bool    `json:"affinity"`
+	SpillThreshold  int     `json:"spill_threshold"`
+	SpillAuto       bool    `json:"spill_auto"`
+	StickyPct       float64 `json:"sticky_pct"`
+	InFlight        int     `json:"in_flight"`
+	Replicas        int     `json:"replicas"`
+	Reachable       int     `json:"reachable"`
+	Bindings        int     `json:"bindings"`
+	HourCachedShare float64 `json:"hour_cached_share"`
+}
+
+func (adminAPI) handleModels(w http.ResponseWriter, r *http.Request) error {
+	if r.Method != http.MethodGet {
+		return apiErr(http.StatusMethodNotAllowed, "method not allowed")
+	}
+	now := time.Now()
+	out := struct {
+		Models []ModelSummary `json:"models"`
+	}{Models: []ModelSummary{}}
+	for _, m := range models() {
+		s := m.router.Snapshot()
+		ps := m.pollerSnapshot()
+		reach := 0
+		for i := range ps.Replicas {
+			if ps.Replicas[i].Reachable {
+				reach++
+			}
+		}
+		out.Models = append(out.Models, ModelSummary{
+			Model: m.name, Affinity: s.Affinity, SpillThreshold: s.SpillThreshold, SpillAuto: s.SpillAuto,
+			StickyPct: s.StickyShare * 100, InFlight: s.InFlight, Replicas: len(s.Replicas),
+			Reachable: reach, Bindings: s.Bindings, HourCachedShare: m.acct.Series(now).HourCachedShare,
+		})
+	}
+	return writeJSON(w, out)
+}
+
+// resolveModel splits the path after /lm-warden/models/ into a live model
+// and the rest ("", "stats", "affinity", "sessions/<key>").
+func resolveModel(r *http.Request) (*modelState, string, error) {
+	const prefix = "/lm-warden/models/"
+	esc := r.URL.EscapedPath()
+	if !strings.HasPrefix(esc, prefix) {
+		return nil, "", apiErr(http.StatusNotFound, "not found")
+	}
+	rest := esc[len(prefix):]
+	var best *modelState
+	var bestRest string
+	bestLen := -1
+	for _, m := range models() {
+		for _, name := range []string{url.PathEscape(m.name), m.name} {
+			if (rest == name || strings.HasPrefix(rest, name+"/")) && len(name) > bestLen {
+				best, bestLen = m, len(name)
+				bestRest = strings.TrimPrefix(rest[len(name):], "/")
+			}
+		}
+	}
+	if best == nil {
+		seg, _, _ := strings.Cut(rest, "/")
+		name, _ := url.PathUnescape(seg)
+		return nil, "", apiErr(http.StatusNotFound, "unknown model %q", name)
+	}
+	return best, bestRest, nil
+}
+
+func (a adminAPI) handleModel(w http.ResponseWriter, r *http.Request) error {
+	m, rest, err := resolveModel(r)
+	if err != nil {
+		return err
+	}
+	switch {
+	case rest == "":
+		if r.Method != http.MethodGet {
+			return apiErr(http.StatusMethodNotAllowed, "method not allowed")
+		}
+		return writeJSON(w, buildCard(m, time.Now()))
+	case rest == "stats":
+		if r.Method != http.MethodGet {
+			return apiErr(http.StatusMethodNotAllowed, "method not allowed")
+		}
+		return writeJSON(w, buildStats(m, time.Now()))
+	case rest == "affinity":
+		if r.Method != http.MethodPut && r.Method != http.MethodPost {
+			return apiErr(http.StatusMethodNotAllowed, "method not allowed")
+		}
+		var body struct {
+			Affinity *bool `json:"affinity"`
+		}
+		if err := json.NewDecoder(io.LimitReader(r.Body, 4096)).Decode(&body); err != nil {
+			return apiErr(http.StatusBadRequest, "decoding body: %v", err)
+		}
+		if body.Affinity == nil {
+			return apiErr(http.StatusBadRequest, `body must be {"affinity":true|false}`)
+		}
+		m.router.SetAffinity(*body.Affinity)
+		return writeJSON(w, map[string]any{"model": m.name, "affinity": m.router.Affinity()})
+	case strings.HasPrefix(rest, "sessions/"):
+		if r.Method != http.MethodDelete {
+			return apiErr(http.StatusMethodNotAllowed, "method not allowed")
+		}
+		key, err := url.PathUnescape(rest[len("sessions/"):])
+		if err != nil || key == "" {
+			return apiErr(http.StatusBadRequest, "bad session key")
+		}
+		if !m.router.Unbind(key) {
+			return apiErr(http.StatusNotFound, "session %q is not bound", key)
+		}
+		return writeJSON(w, map[string]bool{"unbound": true})
+	}
+	return apiErr(http.StatusNotFound, "not found: %s", r.URL.Path)
+}
+
+// Card is the routing card of a model (GET /lm-warden/models/{model}).
+type Card struct {
+	Model          string       `json:"model"`
+	Affinity       bool         `json:"affinity"`
+	SpillThreshold int          `json:"spill_threshold"`
+	SpillAuto      bool         `json:"spill_auto"`
+	MaxNumSeqs     int          `json:"max_num_seqs"`
+	StickyPct      float64      `json:"sticky_pct"`
+	InFlight       int          `json:"in_flight"`
+	Requests       uint64       `json:"requests"`
+	KeyedRequests  uint64       `json:"keyed_requests"`
+	Bindings       int          `json:"bindings"`
+	Since          time.Time    `json:"since"`
+	Writable       bool         `json:"writable"`
+	Replicas       []ReplicaRow `json:"replicas"`
+}
+
+// ReplicaRow is one replica's row of the card.
+type ReplicaRow struct {
+	ID                 string     `json:"id"`
+	Available          bool       `json:"available"`
+	Reachable          bool       `json:"reachable"`
+	LastError          string     `json:"last_error"`
+	LastSeen           *time.Time `json:"last_seen"`
+	Held               int        `json:"held"`
+	Sticky             uint64     `json:"sticky"`
+	StayedOverloaded   uint64     `json:"stayed_overloaded"`
+	Placed             uint64     `json:"placed"`
+	SpillAccepted      uint64     `json:"spill_accepted"`
+	ClientPinned       uint64     `json:"client_pinned"`
+	Replaced           uint64     `json:"re_placed"`
+	AffinityOff        uint64     `json:"affinity_off"`
+	NoKey              uint64     `json:"no_key"`
+	Running            int        `json:"running"`
+	Waiting            int        `json:"waiting"`
+	KVUsage            float64    `json:"kv_usage"`
+	PrefixHitRate      float64    `json:"prefix_hit_rate"`
+	PrefixHitRateTotal float64    `json:"prefix_hit_rate_total"`
+	Bindings           int        `json:"bindings"`
+	Active             int        `json:"active"`
+	Tokens             TokenCount `json:"tokens"`
+}
+
+// TokenCount is prompt tokens split by where they came from, and generated
+// tokens, as the replicas reported them.
+type TokenCount struct {
+	Cached    uint64 `json:"cached"`
+	Computed  uint64 `json:"computed"`
+	Generated uint64 `json:"generated"`
+}
+
+func buildCard(m *modelState, now time.Time) Card {
+	s := m.router.Snapshot()
+	ps := m.pollerSnapshot()
+	totals := m.acct.Totals()
+	c := Card{
+		Model: m.name, Affinity: s.Affinity, SpillThreshold: s.SpillThreshold, SpillAuto: s.SpillAuto,
+		MaxNumSeqs: s.MaxNumSeqs, StickyPct: s.StickyShare * 100, InFlight: s.InFlight,
+		Requests: s.Requests, KeyedRequests: s.KeyedRequests, Bindings: s.Bindings,
+		Since: s.Since.UTC(), Writable: true, Replicas: make([]ReplicaRow, 0, len(s.Replicas)),
+	}
+	for _, r := range s.Replicas {
+		row := ReplicaRow{
+			ID: r.ID, Available: r.Available, Held: r.InFlight,
+			Sticky: r.Sticky, StayedOverloaded: r.StayedOverloaded, Placed: r.Placed,
+			SpillAccepted: r.SpillAccepted, ClientPinned: r.ClientPinned, Replaced: r.Replaced,
+			AffinityOff: r.AffinityOff, NoKey: r.NoKey, Bindings: r.Bindings, Active: r.Active,
+		}
+		if st, ok := ps.Replica(r.ID); ok {
+			row.Reachable = st.Reachable
+			row.LastError = st.LastError
+			if !st.LastSeen.IsZero() {
+				t := st.LastSeen.UTC()
+				row.LastSeen = &t
+			}
+			row.Running = int(st.Metrics.Running)
+			row.Waiting = int(st.Metrics.Waiting)
+			row.KVUsage = st.Metrics.KVUsage
+			row.PrefixHitRate = st.HitRateWindow
+			row.PrefixHitRateTotal = st.HitRateTotal
+		}
+		if t, ok := totals[r.ID]; ok {
+			row.Tokens = TokenCount{Cached: t.Cached, Computed: t.Computed, Generated: t.Generated}
+		}
+		c.Replicas = append(c.Replicas, row)
+	}
+	return c
+}
+
+// Stats is the per-second token series of a model
+// (GET /lm-warden/models/{model}/stats).
+type Stats struct {
+	Model           string                  `json:"model"`
+	Start           time.Time               `json:"start"`
+	StepS           float64                 `json:"step_s"`
+	HourCachedShare float64                 `json:"hour_cached_share"`
+	Sum             Series                  `json:"sum"`
+	Replicas        map[string]Series       `json:"replicas"`
+	Totals          TokenCount              `json:"totals"`
+	ReplicaTotals   map[string]ReplicaTotal `json:"replica_totals"`
+}
+
+// Series holds tokens per step, oldest first.
+type Series struct {
+	Cached    []uint64 `json:"cached"`
+	Computed  []uint64 `json:"computed"`
+	Generated []uint64 `json:"generated"`
+}
+
+// ReplicaTotal is one replica's token counts since the router started.
+type ReplicaTotal struct {
+	TokenCount
+	Requests   uint64 `json:"requests"`
+	Unmeasured uint64 `json:"unmeasured"`
+}
+
+func seriesOf(b vllmstats.Buckets) Series {
+	s := Series{Cached: b.Cached, Computed: b.Computed, Generated: b.Generated}
+	if s.Cached == nil {
+		s.Cached = []uint64{}
+	}
+	if s.Computed == nil {
+		s.Computed = []uint64{}
+	}
+	if s.Generated == nil {
+		s.Generated = []uint64{}
+	}
+	return s
+}
+
+func buildStats(m *modelState, now time.Time) Stats {
+	ser := m.acct.Series(now)
+	st := Stats{
+		Model: m.name, Start: ser.Start.UTC(), StepS: ser.Step.Seconds(),
+		HourCachedShare: ser.HourCachedShare, Sum: seriesOf(ser.Sum),
+		Replicas:      make(map[string]Series, len(ser.Replicas)),
+		ReplicaTotals: make(map[string]ReplicaTotal),
+	}
+	for id, b := range ser.Replicas {
+		st.Replicas[id] = seriesOf(b)
+	}
+	for id, t := range m.acct.Totals() {
+		st.Totals.Cached += t.Cached
+		st.Totals.Computed += t.Computed
+		st.Totals.Generated += t.Generated
+		st.ReplicaTotals[id] = ReplicaTotal{
+			TokenCount: TokenCount{Cached: t.Cached, Computed: t.Computed, Generated: t.Generated},
+			Requests:   t.Requests, Unmeasured: t.Unmeasured,
+		}
+	}
+	return st
+}
+
+// Interface guards
+var _ caddy.AdminRouter = adminAPI{}

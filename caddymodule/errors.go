@@ -1,0 +1,93 @@
+package caddymodule
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"strings"
+)
+
+// apiKind tells which API a request speaks, so errors come back in a shape
+// its client understands and usage is read in the right format.
+type apiKind uint8
+
+const (
+	apiOpenAI apiKind = iota
+	apiAnthropic
+)
+
+// apiOf classifies a request path: Anthropic's Messages API lives under
+// /v1/messages (Claude Code may add a query string, which is not part of the
+// path); everything else is treated as OpenAI-compatible.
+func apiOf(path string) apiKind {
+	if strings.Contains(path, "/v1/messages") {
+		return apiAnthropic
+	}
+	return apiOpenAI
+}
+
+type anthropicError struct {
+	Type  string `json:"type"`
+	Error struct {
+		Type    string `json:"type"`
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+type openAIError struct {
+	Error struct {
+		Message string `json:"message"`
+		Type    string `json:"type"`
+		Code    int    `json:"code"`
+	} `json:"error"`
+}
+
+// errorType names the error class for a status in each API's vocabulary.
+func errorType(api apiKind, status int) string {
+	switch status {
+	case http.StatusRequestEntityTooLarge:
+		return "request_too_large"
+	case http.StatusServiceUnavailable:
+		if api == apiAnthropic {
+			return "overloaded_error"
+		}
+		return "service_unavailable"
+	case http.StatusBadGateway, http.StatusGatewayTimeout:
+		if api == apiAnthropic {
+			return "api_error"
+		}
+		return "bad_gateway"
+	case http.StatusBadRequest:
+		return "invalid_request_error"
+	}
+	if api == apiAnthropic {
+		return "api_error"
+	}
+	return "server_error"
+}
+
+// writeAPIError answers with a JSON error in the request's API format:
+// Anthropic {"type":"error","error":{"type":…,"message":…}} or OpenAI
+// {"error":{"message":…,"type":…,"code":status}}.
+func writeAPIError(w http.ResponseWriter, api apiKind, status int, msg string) {
+	var body []byte
+	if api == apiAnthropic {
+		var e anthropicError
+		e.Type = "error"
+		e.Error.Type = errorType(api, status)
+		e.Error.Message = msg
+		body, _ = json.Marshal(e)
+	} else {
+		var e openAIError
+		e.Error.Message = msg
+		e.Error.Type = errorType(api, status)
+		e.Error.Code = status
+		body, _ = json.Marshal(e)
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	h.Del("Content-Encoding")
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}

@@ -1,0 +1,392 @@
+package caddymodule
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/lmwarden/caddy-lmwarden/placement"
+	"github.com/lmwarden/caddy-lmwarden/vllmstats"
+)
+
+func init() {
+	caddy.RegisterModule(Handler{})
+}
+
+// Request variables the handler publishes. They appear as
+// {http.vars.lm_warden.session} etc. in placeholders and can be matched with
+// Caddy's vars matcher.
+const (
+	// VarSession holds the conversation key ("" when none was found).
+	VarSession = "lm_warden.session"
+	// VarModel holds the body's "model" field.
+	VarModel = "lm_warden.model"
+	// VarReplica holds the replica the policy chose (set by the policy).
+	VarReplica = "lm_warden.replica"
+	// VarReason holds why the policy chose it (set by the policy).
+	VarReason = "lm_warden.reason"
+
+	// varRoute carries the request's *routeState between handler and policy.
+	varRoute = "lm_warden.route"
+)
+
+const (
+	defaultMaxBody          = 32 << 20
+	defaultFingerprintBytes = 32 << 10
+)
+
+// Handler finds the conversation a request belongs to and hands it to the
+// lm_warden selection policy of the reverse_proxy that follows. It reads the
+// key from headers, then (when needed) from the JSON body and finally from a
+// fingerprint of the conversation's start; it watches the response to count
+// the tokens the replica reports and frees the request's in-flight slot when
+// the response ends.
+//
+// Place it before reverse_proxy (the Caddyfile directive is ordered so).
+type Handler struct {
+	// Headers that carry a conversation key, tried in order. Default:
+	// X-Claude-Code-Session-Id, X-Session-Affinity, Session_id, Session-Id,
+	// X-Session-Id.
+	SessionHeaders []string `json:"session_headers,omitempty"`
+
+	// Header naming a sub-agent; its value is appended to the session key so
+	// each sub-agent's conversation is bound on its own, preferably next to
+	// its parent. Default X-Claude-Code-Agent-Id; "-" disables.
+	AgentHeader string `json:"agent_header,omitempty"`
+
+	// Header naming the agent that started a sub-agent. Default
+	// X-Claude-Code-Parent-Agent-Id; "-" disables.
+	ParentAgentHeader string `json:"parent_agent_header,omitempty"`
+
+	// Disables reading metadata.user_id / metadata.session_id from the body
+	// when no header carries a key.
+	NoBodyKeys bool `json:"no_body_keys,omitempty"`
+
+	// Disables the fallback key made from the conversation's start (model,
+	// system prompt, first user message).
+	NoFingerprint bool `json:"no_fingerprint,omitempty"`
+
+	// How many bytes of the conversation's start the fingerprint hashes.
+	// Default 32 KiB.
+	FingerprintBytes int `json:"fingerprint_bytes,omitempty"`
+
+	// Disables reading the body just to publish {http.vars.lm_warden.model}
+	// when the key came from a header. With it set, the model variable is
+	// filled only when the body was read anyway.
+	NoModelVar bool `json:"no_model_var,omitempty"`
+
+	// The largest request body read, in bytes. Bigger bodies are refused
+	// with 413 and a JSON error in the API's format. Default 32 MiB.
+	MaxBody int64 `json:"max_body,omitempty"`
+
+	keys   keyExtractor
+	logger *zap.Logger
+}
+
+// CaddyModule returns the Caddy module information.
+func (Handler) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.lm_warden",
+		New: func() caddy.Module { return new(Handler) },
+	}
+}
+
+// Provision fills in defaults.
+func (h *Handler) Provision(ctx caddy.Context) error {
+	h.logger = ctx.Logger()
+	headers := h.SessionHeaders
+	if len(headers) == 0 {
+		headers = DefaultSessionHeaders
+	}
+	agent, parent := h.AgentHeader, h.ParentAgentHeader
+	if agent == "" {
+		agent = DefaultAgentHeader
+	}
+	if parent == "" {
+		parent = DefaultParentAgentHeader
+	}
+	if agent == "-" {
+		agent = ""
+	}
+	if parent == "-" {
+		parent = ""
+	}
+	h.keys = newKeyExtractor(headers, agent, parent)
+	if h.FingerprintBytes == 0 {
+		h.FingerprintBytes = defaultFingerprintBytes
+	}
+	if h.MaxBody == 0 {
+		h.MaxBody = defaultMaxBody
+	}
+	return nil
+}
+
+// Validate checks the configuration.
+func (h *Handler) Validate() error {
+	if h.MaxBody < 0 {
+		return fmt.Errorf("max_body must not be negative, got %d", h.MaxBody)
+	}
+	if h.FingerprintBytes < 0 {
+		return fmt.Errorf("fingerprint_bytes must not be negative, got %d", h.FingerprintBytes)
+	}
+	return nil
+}
+
+// routeState is what one request carries between the handler, the policy and
+// the response wrapper. The policy fills model and dec; the handler releases
+// dec when the response ends. Only the request's goroutine touches it.
+type routeState struct {
+	key, parent string
+	api         apiKind
+	model       *modelState // set by the policy that routed the request
+	dec         placement.Decision
+	routed      bool
+	detached    bool // routed without the handler: the slot is freed with the request context
+	ntried      int
+	tried       [4]string // replicas chosen for this request so far
+	extra       []string  // more of them, past len(tried)
+}
+
+func (st *routeState) addTried(id string) {
+	if st.ntried < len(st.tried) {
+		st.tried[st.ntried] = id
+		st.ntried++
+		return
+	}
+	st.extra = append(st.extra, id)
+}
+
+func (st *routeState) triedList(dst []string) []string {
+	dst = append(dst, st.tried[:st.ntried]...)
+	return append(dst, st.extra...)
+}
+
+var routeStatePool = sync.Pool{New: func() any { return new(routeState) }}
+
+// ServeHTTP implements caddyhttp.MiddlewareHandler.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	st := routeStatePool.Get().(*routeState)
+	st.api = apiOf(r.URL.Path)
+	st.key, st.parent = h.keys.fromHeaders(r.Header)
+
+	var model string
+	needBody := (st.key == "" && (!h.NoBodyKeys || !h.NoFingerprint)) || !h.NoModelVar
+	if needBody && hasJSONBody(r) {
+		body, tooBig, err := h.readBody(r)
+		if tooBig {
+			h.recycle(st)
+			writeAPIError(w, st.api, http.StatusRequestEntityTooLarge,
+				fmt.Sprintf("request body is larger than the gateway's limit of %d bytes", h.MaxBody))
+			return nil
+		}
+		if err != nil {
+			h.recycle(st)
+			return caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("reading request body: %w", err))
+		}
+		view := bytesView(body)
+		if st.key == "" && !h.NoBodyKeys {
+			st.key = sessionFromBody(view)
+		}
+		if st.key == "" && !h.NoFingerprint {
+			st.key = fingerprint(view, h.FingerprintBytes)
+		}
+		model = modelFromBody(view)
+	}
+	caddyhttp.SetVar(r.Context(), VarSession, st.key)
+	caddyhttp.SetVar(r.Context(), VarModel, model)
+	caddyhttp.SetVar(r.Context(), varRoute, st)
+
+	rw := &responseWatcher{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, st: st}
+	rw.measure = r.Method == http.MethodPost && !strings.HasSuffix(r.URL.Path, "/count_tokens")
+	defer h.finish(r, rw)
+
+	err := next.ServeHTTP(rw, r)
+	if err != nil && !rw.wroteHeader {
+		var herr caddyhttp.HandlerError
+		if errors.As(err, &herr) && (herr.StatusCode == http.StatusServiceUnavailable || herr.StatusCode == http.StatusBadGateway || herr.StatusCode == http.StatusGatewayTimeout) {
+			writeAPIError(rw, st.api, herr.StatusCode, noReplicaMessage(st, herr.StatusCode))
+			if h.logger != nil {
+				h.logger.Debug("no replica answered", zap.String("key", st.key), zap.Error(err))
+			}
+			return nil
+		}
+	}
+	return err
+}
+
+func noReplicaMessage(st *routeState, status int) string {
+	name := "the model"
+	if st.model != nil {
+		name = "model " + st.model.name
+	}
+	if status == http.StatusServiceUnavailable {
+		return "no replica of " + name + " is available"
+	}
+	return "no replica of " + name + " answered"
+}
+
+// finish runs when the response has ended, however it ended (normally, client
+// gone, upstream error, panic): it records the tokens the replica reported
+// and frees the in-flight slot.
+func (h *Handler) finish(r *http.Request, rw *responseWatcher) {
+	st := rw.st
+	if st.routed {
+		st.dec.Release()
+		if rw.parser != nil && st.model != nil && rw.status >= 200 && rw.status < 300 {
+			st.model.recordUsage(st.dec.Replica, rw.parser.Usage(), time.Now())
+		}
+	}
+	if rw.parser != nil {
+		putParser(rw.parser)
+		rw.parser = nil
+	}
+	caddyhttp.SetVar(r.Context(), varRoute, nil)
+	h.recycle(st)
+}
+
+func (h *Handler) recycle(st *routeState) {
+	*st = routeState{}
+	routeStatePool.Put(st)
+}
+
+// hasJSONBody reports whether the request may carry a JSON body worth
+// reading: a method with a body, no content coding, a JSON (or absent)
+// content type.
+func hasJSONBody(r *http.Request) bool {
+	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 {
+		return false
+	}
+	if r.Header.Get("Content-Encoding") != "" {
+		return false
+	}
+	ct := r.Header.Get("Content-Type")
+	if ct == "" {
+		return true
+	}
+	mt, _, err := mime.ParseMediaType(ct)
+	if err != nil {
+		return false
+	}
+	return mt == "application/json" || strings.HasSuffix(mt, "+json")
+}
+
+// readBody reads the whole body, bounded by MaxBody, and puts it back so the
+// proxy (and its retries) send it unchanged. tooBig reports a body over the
+// limit; the body is then not restored, since the request is refused.
+func (h *Handler) readBody(r *http.Request) (body []byte, tooBig bool, err error) {
+	if r.ContentLength > h.MaxBody {
+		return nil, true, nil
+	}
+	var buf []byte
+	if r.ContentLength > 0 {
+		buf = make([]byte, 0, r.ContentLength+1)
+	} else {
+		buf = make([]byte, 0, 16<<10)
+	}
+	b := bytes.NewBuffer(buf)
+	n, err := b.ReadFrom(io.LimitReader(r.Body, h.MaxBody+1))
+	if err != nil {
+		return nil, false, err
+	}
+	if n > h.MaxBody {
+		return nil, true, nil
+	}
+	body = b.Bytes()
+	_ = r.Body.Close()
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	r.ContentLength = int64(len(body))
+	r.TransferEncoding = nil
+	r.Header.Del("Transfer-Encoding")
+	return body, false, nil
+}
+
+// responseWatcher passes the response through unchanged and at once, and
+// feeds a copy of the bytes to the usage parser.
+type responseWatcher struct {
+	*caddyhttp.ResponseWriterWrapper
+	st          *routeState
+	parser      *vllmstats.UsageParser
+	measure     bool
+	wroteHeader bool
+	status      int
+}
+
+// WriteHeader starts usage parsing for successful generation responses.
+func (rw *responseWatcher) WriteHeader(status int) {
+	if rw.wroteHeader {
+		rw.ResponseWriterWrapper.WriteHeader(status)
+		return
+	}
+	if status >= 100 && status < 200 {
+		rw.ResponseWriterWrapper.WriteHeader(status)
+		return
+	}
+	rw.wroteHeader = true
+	rw.status = status
+	if rw.measure && rw.st.routed && status >= 200 && status < 300 {
+		h := rw.Header()
+		if h.Get("Content-Encoding") == "" {
+			stream := strings.HasPrefix(h.Get("Content-Type"), "text/event-stream")
+			api := vllmstats.APIOpenAI
+			if rw.st.api == apiAnthropic {
+				api = vllmstats.APIAnthropic
+			}
+			rw.parser = getParser(api, stream)
+		} else {
+			// compressed: cannot read usage; the request still counts, unmeasured
+			rw.parser = getParser(vllmstats.APIOpenAI, false)
+		}
+	}
+	rw.ResponseWriterWrapper.WriteHeader(status)
+}
+
+// Write passes b through and parses a copy.
+func (rw *responseWatcher) Write(b []byte) (int, error) {
+	if !rw.wroteHeader {
+		rw.WriteHeader(http.StatusOK)
+	}
+	n, err := rw.ResponseWriterWrapper.Write(b)
+	if rw.parser != nil && n > 0 && rw.Header().Get("Content-Encoding") == "" {
+		_, _ = rw.parser.Write(b[:n])
+	}
+	return n, err
+}
+
+// ReadFrom keeps io.Copy going through Write, so the parser sees the bytes.
+func (rw *responseWatcher) ReadFrom(src io.Reader) (int64, error) {
+	return io.Copy(writerOnly{rw}, src)
+}
+
+type writerOnly struct{ io.Writer }
+
+var parserPool sync.Pool
+
+func getParser(api vllmstats.API, stream bool) *vllmstats.UsageParser {
+	if p, ok := parserPool.Get().(*vllmstats.UsageParser); ok {
+		p.Reset(api, stream)
+		return p
+	}
+	return vllmstats.NewUsageParser(api, stream)
+}
+
+func putParser(p *vllmstats.UsageParser) { parserPool.Put(p) }
+
+// Interface guards
+var (
+	_ caddy.Provisioner           = (*Handler)(nil)
+	_ caddy.Validator             = (*Handler)(nil)
+	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
+	_ http.ResponseWriter         = (*responseWatcher)(nil)
+	_ io.ReaderFrom               = (*responseWatcher)(nil)
+)

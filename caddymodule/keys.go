@@ -1,0 +1,266 @@
+package caddymodule
+
+import (
+	"encoding/hex"
+	"net/http"
+	"net/textproto"
+	"strings"
+	"unsafe"
+
+	"github.com/tidwall/gjson"
+)
+
+// DefaultSessionHeaders are the request headers that carry a conversation
+// key, in the order they are tried: Claude Code's session header first, then
+// the headers other coding agents and gateways send.
+var DefaultSessionHeaders = []string{
+	"X-Claude-Code-Session-Id",
+	"X-Session-Affinity",
+	"Session_id",
+	"Session-Id",
+	"X-Session-Id",
+}
+
+const (
+	// DefaultAgentHeader names the header Claude Code sends from a sub-agent.
+	// Its value is appended to the session key, so every sub-agent's
+	// conversation (which has its own prompt prefix) gets its own binding.
+	DefaultAgentHeader = "X-Claude-Code-Agent-Id"
+	// DefaultParentAgentHeader names the header that carries the agent that
+	// started a sub-agent; absent, the parent is the main conversation.
+	DefaultParentAgentHeader = "X-Claude-Code-Parent-Agent-Id"
+
+	// maxKeyLen bounds a key taken from a header or body field.
+	maxKeyLen = 256
+
+	fingerprintPrefix = "fp:"
+)
+
+// keyExtractor finds a conversation key in a request. Its zero value finds
+// nothing; newKeyExtractor fills in canonical header names once so the
+// per-request path only does map lookups.
+type keyExtractor struct {
+	headers     []string // canonical MIME form
+	agent       string
+	parentAgent string
+}
+
+func newKeyExtractor(headers []string, agent, parentAgent string) keyExtractor {
+	ke := keyExtractor{headers: make([]string, 0, len(headers))}
+	for _, h := range headers {
+		ke.headers = append(ke.headers, textproto.CanonicalMIMEHeaderKey(h))
+	}
+	if agent != "" {
+		ke.agent = textproto.CanonicalMIMEHeaderKey(agent)
+	}
+	if parentAgent != "" {
+		ke.parentAgent = textproto.CanonicalMIMEHeaderKey(parentAgent)
+	}
+	return ke
+}
+
+// defaultKeyExtractor is what the selection policy uses when the handler did
+// not run.
+var defaultKeyExtractor = newKeyExtractor(DefaultSessionHeaders, DefaultAgentHeader, DefaultParentAgentHeader)
+
+// fromHeaders returns the conversation key and the key of its parent
+// conversation ("" when it has none) from the configured headers.
+func (ke *keyExtractor) fromHeaders(h http.Header) (key, parent string) {
+	for _, name := range ke.headers {
+		v := h[name]
+		if len(v) == 0 || v[0] == "" {
+			continue
+		}
+		key = clip(strings.TrimSpace(v[0]))
+		if key == "" {
+			continue
+		}
+		break
+	}
+	if key == "" || ke.agent == "" {
+		return key, ""
+	}
+	agent := h[ke.agent]
+	if len(agent) == 0 || agent[0] == "" {
+		return key, ""
+	}
+	parent = key
+	if ke.parentAgent != "" {
+		if pa := h[ke.parentAgent]; len(pa) > 0 && pa[0] != "" {
+			parent = key + "/" + clip(pa[0])
+		}
+	}
+	return key + "/" + clip(agent[0]), parent
+}
+
+func clip(s string) string {
+	if len(s) > maxKeyLen {
+		return s[:maxKeyLen]
+	}
+	return s
+}
+
+// bytesView returns b as a string without copying. The caller keeps b alive
+// and unmodified while the string (or anything gjson returns from it) is used.
+func bytesView(b []byte) string {
+	if len(b) == 0 {
+		return ""
+	}
+	return unsafe.String(unsafe.SliceData(b), len(b))
+}
+
+// sessionFromBody returns the session key a client put in the body's
+// metadata: metadata.user_id in Claude Code's two forms
+// ("user_<hash>_account_<uuid>_session_<uuid>" or a JSON-encoded object with
+// "session_id"), then metadata.session_id. The result is a copy, safe to
+// keep after the body is gone.
+func sessionFromBody(body string) string {
+	meta := gjson.Get(body, "metadata")
+	if !meta.IsObject() {
+		return ""
+	}
+	if uid := meta.Get("user_id"); uid.Type == gjson.String {
+		s := uid.Str
+		if i := strings.LastIndex(s, "_session_"); i >= 0 {
+			if v := s[i+len("_session_"):]; v != "" {
+				return strings.Clone(clip(v))
+			}
+		}
+		if t := strings.TrimSpace(s); strings.HasPrefix(t, "{") {
+			if v := gjson.Get(t, "session_id"); v.Type == gjson.String && v.Str != "" {
+				return strings.Clone(clip(v.Str))
+			}
+		}
+	}
+	if v := meta.Get("session_id"); v.Type == gjson.String && v.Str != "" {
+		return strings.Clone(clip(v.Str))
+	}
+	return ""
+}
+
+// modelFromBody returns the body's top-level "model" field (a copy).
+func modelFromBody(body string) string {
+	v := gjson.Get(body, "model")
+	if v.Type != gjson.String {
+		return ""
+	}
+	return strings.Clone(clip(v.Str))
+}
+
+// billingPrefix starts the system block Claude Code inserts with a value that
+// changes on every request; it must not take part in the fingerprint.
+const billingPrefix = `"x-anthropic-billing-header`
+
+// fingerprint hashes the start of a conversation — the model, the system
+// prompt and the first user message — so clients that send no key still get
+// affinity: every later turn resends the same start. At most limit bytes of
+// text are hashed. Only text values are hashed (as their raw JSON literals),
+// so markers that move between turns (cache_control) do not change the key,
+// and Claude Code's per-request billing block is skipped. It returns "" when
+// the body has neither a system prompt nor a user message.
+func fingerprint(body string, limit int) string {
+	fp := fnv128{budget: limit}
+	fp.init()
+	fp.write(gjson.Get(body, "model").Raw)
+	fp.sep()
+	sys := gjson.Get(body, "system")
+	switch {
+	case sys.Type == gjson.String:
+		fp.text(sys.Raw)
+	case sys.IsArray():
+		fp.content(sys)
+	}
+	gjson.Get(body, "messages").ForEach(func(_, m gjson.Result) bool {
+		switch m.Get("role").Str {
+		case "system", "developer":
+			fp.content(m.Get("content"))
+			return fp.budget > 0
+		case "user":
+			fp.content(m.Get("content"))
+			return false
+		}
+		return true
+	})
+	if fp.texts == 0 {
+		return ""
+	}
+	return fp.sum()
+}
+
+// fnv128 is FNV-1a over two 64-bit lanes with different offsets, enough to
+// make accidental collisions between conversations negligible, computed
+// without allocation.
+type fnv128 struct {
+	a, b   uint64
+	budget int
+	texts  int
+}
+
+const (
+	fnvPrime  = 1099511628211
+	fnvOffset = 14695981039346656037
+)
+
+func (f *fnv128) init() { f.a, f.b = fnvOffset, fnvOffset^0x9e3779b97f4a7c15 }
+
+func (f *fnv128) write(s string) {
+	if f.budget <= 0 {
+		return
+	}
+	if len(s) > f.budget {
+		s = s[:f.budget]
+	}
+	f.budget -= len(s)
+	a, b := f.a, f.b
+	for i := 0; i < len(s); i++ {
+		a ^= uint64(s[i])
+		a *= fnvPrime
+		b ^= uint64(s[i])
+		b *= fnvPrime
+		b ^= b >> 29
+	}
+	f.a, f.b = a, b
+}
+
+func (f *fnv128) sep() { f.write("\x00") }
+
+func (f *fnv128) text(raw string) {
+	if raw == "" || strings.HasPrefix(raw, billingPrefix) {
+		return
+	}
+	f.texts++
+	f.write(raw)
+	f.sep()
+}
+
+// content hashes a message's content: a string, or an array of blocks whose
+// "text" values are hashed (blocks without text contribute their type).
+func (f *fnv128) content(c gjson.Result) {
+	switch {
+	case c.Type == gjson.String:
+		f.text(c.Raw)
+	case c.IsArray():
+		c.ForEach(func(_, blk gjson.Result) bool {
+			if blk.Type == gjson.String {
+				f.text(blk.Raw)
+			} else if t := blk.Get("text"); t.Type == gjson.String {
+				f.text(t.Raw)
+			} else if t := blk.Get("type"); t.Exists() {
+				f.text(t.Raw)
+			}
+			return f.budget > 0
+		})
+	}
+}
+
+func (f *fnv128) sum() string {
+	var buf [16]byte
+	for i := 0; i < 8; i++ {
+		buf[i] = byte(f.a >> (56 - 8*i))
+		buf[8+i] = byte(f.b >> (56 - 8*i))
+	}
+	var out [len(fingerprintPrefix) + 32]byte
+	copy(out[:], fingerprintPrefix)
+	hex.Encode(out[len(fingerprintPrefix):], buf[:])
+	return string(out[:])
+}

@@ -1,0 +1,368 @@
+package caddymodule
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+
+	"github.com/lmwarden/caddy-lmwarden/placement"
+	"github.com/lmwarden/caddy-lmwarden/vllmstats"
+)
+
+func init() {
+	caddy.RegisterModule(new(Policy))
+}
+
+// RankHeader is the request header that pins a request to one engine of a
+// vLLM server started with --data-parallel-size.
+const RankHeader = "X-Data-Parallel-Rank"
+
+// RouteHeader is the response header naming the replica that served and why:
+// "X-LM-Warden-Route: 10.0.0.5:8001; sticky".
+const RouteHeader = "X-LM-Warden-Route"
+
+// Policy is the lm_warden reverse_proxy selection policy: it sends every turn
+// of a conversation to the replica that served the previous turn (where its
+// prefix is cached) unless that replica is over the spill threshold, and
+// places new conversations on the least-loaded replica.
+//
+// Replicas are the upstreams, keyed by their dial address; with
+// data_parallel_size N each upstream is one vLLM server with N engines, and
+// the replicas are its engines ("dial#k"), chosen with the
+// X-data-parallel-rank request header. Only available upstreams are chosen,
+// so Caddy's health checks and max_requests keep working; on a retry the
+// replicas already tried for the request are skipped.
+//
+// With the lm_warden handler in front, the policy uses the key the handler
+// found and the handler frees the in-flight slot when the response ends.
+// Without it, the policy reads the key from the default session headers
+// itself and frees the slot when the request's context ends.
+//
+// All policies naming the same model share one router, poller and token
+// accounting, which survive config reloads.
+type Policy struct {
+	// Name of the model: shown on the routing card, in the admin API paths
+	// and as the "model" label of the metrics. Required.
+	Model string `json:"model,omitempty"`
+
+	// Turns conversation affinity off when false: every request then goes to
+	// the least-loaded replica (the baseline to compare against); counting,
+	// polling and the card keep working. Default true.
+	Affinity *bool `json:"affinity,omitempty"`
+
+	// Running requests above which a replica is over the threshold and new
+	// turns spill to another replica. 0 means auto: max(1, max_num_seqs/4).
+	SpillThreshold int `json:"spill_threshold,omitempty"`
+
+	// The model's --max-num-seqs per replica (vLLM does not publish it).
+	// Default 256.
+	MaxNumSeqs int `json:"max_num_seqs,omitempty"`
+
+	// How long a conversation stays bound without a turn. Default 1h.
+	IdleTTL caddy.Duration `json:"idle_ttl,omitempty"`
+
+	// How recently a conversation must have had a turn to count as active
+	// on its replica when placing new ones. Default 10m.
+	ActiveWindow caddy.Duration `json:"active_window,omitempty"`
+
+	// Most conversations kept bound; the least recently used is dropped
+	// beyond it. Default 100000.
+	MaxSessions int `json:"max_sessions,omitempty"`
+
+	// How often every replica's /metrics is polled. Default 1s.
+	PollInterval caddy.Duration `json:"poll_interval,omitempty"`
+
+	// Timeout of one poll. Default: 80% of poll_interval.
+	PollTimeout caddy.Duration `json:"poll_timeout,omitempty"`
+
+	// Failed polls in a row after which a replica counts as unreachable and
+	// its polled numbers are ignored. Default 3.
+	FailAfter int `json:"fail_after,omitempty"`
+
+	// Path of the replicas' Prometheus metrics. Default /metrics.
+	MetricsPath string `json:"metrics_path,omitempty"`
+
+	// Scheme used to poll the replicas: http (default) or https.
+	PollScheme string `json:"poll_scheme,omitempty"`
+
+	// Engines per upstream. Set it when one vLLM server runs
+	// --data-parallel-size N: the policy then chooses an engine and sends
+	// X-data-parallel-rank. Default 1 (every upstream is one replica).
+	DataParallelSize int `json:"data_parallel_size,omitempty"`
+
+	// Request header with which a client may pin a request to a replica
+	// (its ID as shown on the card, or the engine rank in data-parallel
+	// mode). Empty (default) disables pinning.
+	ClientPinHeader string `json:"client_pin_header,omitempty"`
+
+	// Whether to answer with X-LM-Warden-Route: <replica>; <reason>.
+	// Default true.
+	RouteHeader *bool `json:"route_header,omitempty"`
+
+	m           *modelState
+	routeHeader bool
+	pinHeader   string
+	ranks       []string
+	mu          sync.Mutex // serialises replica-set changes
+	set         atomic.Pointer[replicaSet]
+}
+
+// CaddyModule returns the Caddy module information.
+func (*Policy) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.reverse_proxy.selection_policies.lm_warden",
+		New: func() caddy.Module { return new(Policy) },
+	}
+}
+
+func (p *Policy) routerConfig() placement.Config {
+	return placement.Config{
+		AffinityOff:    p.Affinity != nil && !*p.Affinity,
+		MaxNumSeqs:     p.MaxNumSeqs,
+		SpillThreshold: p.SpillThreshold,
+		IdleTTL:        time.Duration(p.IdleTTL),
+		ActiveWindow:   time.Duration(p.ActiveWindow),
+		MaxBindings:    p.MaxSessions,
+	}
+}
+
+func (p *Policy) pollSettings() pollSettings {
+	ps := pollSettings{
+		Interval:    time.Duration(p.PollInterval),
+		Timeout:     time.Duration(p.PollTimeout),
+		FailAfter:   p.FailAfter,
+		MetricsPath: p.MetricsPath,
+		Scheme:      p.PollScheme,
+	}
+	if ps.Interval <= 0 {
+		ps.Interval = time.Second
+	}
+	if ps.Timeout <= 0 {
+		ps.Timeout = ps.Interval * 4 / 5
+	}
+	if ps.FailAfter <= 0 {
+		ps.FailAfter = 3
+	}
+	if ps.MetricsPath == "" {
+		ps.MetricsPath = "/metrics"
+	}
+	if ps.Scheme == "" {
+		ps.Scheme = "http"
+	}
+	return ps
+}
+
+// Provision joins (or creates) the model's shared state and applies this
+// configuration to it.
+func (p *Policy) Provision(ctx caddy.Context) error {
+	if err := p.Validate(); err != nil {
+		return err
+	}
+	rcfg := p.routerConfig()
+	val, _, err := modelStates.LoadOrNew(p.Model, func() (caddy.Destructor, error) {
+		return newModelState(p.Model, rcfg), nil
+	})
+	if err != nil {
+		return fmt.Errorf("model %s: %w", p.Model, err)
+	}
+	p.m = val.(*modelState)
+	p.m.configure(rcfg, p.pollSettings(), ctx.Logger())
+	p.routeHeader = p.RouteHeader == nil || *p.RouteHeader
+	p.pinHeader = p.ClientPinHeader
+	n := max(1, p.DataParallelSize)
+	if p.DataParallelSize > 1 {
+		p.ranks = make([]string, n)
+		for i := range p.ranks {
+			p.ranks[i] = strconv.Itoa(i)
+		}
+	}
+	appVal, err := ctx.App("lm_warden")
+	if err != nil {
+		return fmt.Errorf("loading lm_warden app: %w", err)
+	}
+	appVal.(*App).add(p.m, p)
+	return registerMetrics(ctx.GetMetricsRegistry())
+}
+
+// Validate checks the configuration.
+func (p *Policy) Validate() error {
+	switch {
+	case strings.TrimSpace(p.Model) == "":
+		return errors.New("lm_warden: model is required")
+	case p.SpillThreshold < 0:
+		return fmt.Errorf("lm_warden %s: spill_threshold must not be negative", p.Model)
+	case p.MaxNumSeqs < 0, p.MaxSessions < 0, p.FailAfter < 0, p.DataParallelSize < 0:
+		return fmt.Errorf("lm_warden %s: counts must not be negative", p.Model)
+	case p.PollScheme != "" && p.PollScheme != "http" && p.PollScheme != "https":
+		return fmt.Errorf("lm_warden %s: poll_scheme must be http or https, got %q", p.Model, p.PollScheme)
+	case p.PollTimeout > 0 && p.PollInterval > 0 && p.PollTimeout >= p.PollInterval:
+		return fmt.Errorf("lm_warden %s: poll_timeout must be shorter than poll_interval", p.Model)
+	}
+	return nil
+}
+
+// Cleanup drops this configuration's reference to the model's state; the
+// last reference stops its poller.
+func (p *Policy) Cleanup() error {
+	if p.m == nil {
+		return nil
+	}
+	_, err := modelStates.Delete(p.Model)
+	return err
+}
+
+// replicaSet maps the upstream pool last seen to replica IDs.
+type replicaSet struct {
+	dials []string
+	ids   [][]string // per upstream: its replica IDs (one, or one per engine)
+	where map[string]pick
+}
+
+type pick struct{ up, rank int }
+
+func (rs *replicaSet) matches(pool reverseproxy.UpstreamPool) bool {
+	if len(rs.dials) != len(pool) {
+		return false
+	}
+	for i, u := range pool {
+		if u.Dial != rs.dials[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// replicas returns the replica set for pool, telling the router and the
+// poller when the pool has changed (dynamic upstreams, reloads).
+func (p *Policy) replicas(pool reverseproxy.UpstreamPool) *replicaSet {
+	if rs := p.set.Load(); rs != nil && rs.matches(pool) {
+		return rs
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if rs := p.set.Load(); rs != nil && rs.matches(pool) {
+		return rs
+	}
+	ps := p.pollSettings()
+	rs := &replicaSet{
+		dials: make([]string, len(pool)),
+		ids:   make([][]string, len(pool)),
+		where: make(map[string]pick),
+	}
+	var all []string
+	var targets []vllmstats.Target
+	for i, u := range pool {
+		rs.dials[i] = u.Dial
+		base := ps.Scheme + "://" + u.Dial
+		if p.DataParallelSize > 1 {
+			for k := 0; k < p.DataParallelSize; k++ {
+				id := u.Dial + "#" + p.ranks[k]
+				rs.ids[i] = append(rs.ids[i], id)
+				rs.where[id] = pick{up: i, rank: k}
+				all = append(all, id)
+				targets = append(targets, vllmstats.Target{ID: id, BaseURL: base, Engine: p.ranks[k]})
+			}
+			continue
+		}
+		rs.ids[i] = []string{u.Dial}
+		rs.where[u.Dial] = pick{up: i, rank: -1}
+		all = append(all, u.Dial)
+		targets = append(targets, vllmstats.Target{ID: u.Dial, BaseURL: base})
+	}
+	p.m.setTargets(all, targets)
+	p.set.Store(rs)
+	return rs
+}
+
+// pinned turns a client's pin header value into a replica ID.
+func (p *Policy) pinned(v string, rs *replicaSet) string {
+	if _, ok := rs.where[v]; ok || p.DataParallelSize <= 1 || len(rs.dials) == 0 {
+		return v
+	}
+	if k, err := strconv.Atoi(v); err == nil && k >= 0 && k < p.DataParallelSize {
+		return rs.ids[0][k]
+	}
+	return v
+}
+
+// Select chooses the upstream for one attempt of a request.
+func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
+	if len(pool) == 0 {
+		return nil
+	}
+	rs := p.replicas(pool)
+	ctx := r.Context()
+	st, _ := caddyhttp.GetVar(ctx, varRoute).(*routeState)
+	if st == nil {
+		// no lm_warden handler ran: keep the request's picks ourselves
+		st = &routeState{detached: true}
+		st.key, st.parent = defaultKeyExtractor.fromHeaders(r.Header)
+		caddyhttp.SetVar(ctx, varRoute, st)
+	}
+	if st.routed {
+		// a previous attempt of this request failed: free its slot
+		st.dec.Release()
+		st.routed = false
+	}
+
+	var buf [8]string
+	exclude := buf[:0]
+	for i, u := range pool {
+		if !u.Available() {
+			exclude = append(exclude, rs.ids[i]...)
+		}
+	}
+	exclude = st.triedList(exclude)
+
+	req := placement.Request{Key: st.key, Parent: st.parent}
+	if len(exclude) > 0 {
+		req.Exclude = exclude
+	}
+	if p.pinHeader != "" {
+		if v := r.Header.Get(p.pinHeader); v != "" {
+			req.Pin = p.pinned(v, rs)
+		}
+	}
+	dec, err := p.m.router.Route(req)
+	if err != nil {
+		return nil
+	}
+	at, ok := rs.where[dec.Replica]
+	if !ok {
+		dec.Release()
+		return nil
+	}
+	if at.rank >= 0 {
+		r.Header.Set(RankHeader, p.ranks[at.rank])
+	}
+	st.dec, st.routed, st.model = dec, true, p.m
+	st.addTried(dec.Replica)
+	if st.detached {
+		// nobody watches the response end: free the slot with the request
+		context.AfterFunc(ctx, dec.Release)
+	}
+	if p.routeHeader && w != nil {
+		w.Header().Set(RouteHeader, dec.Replica+"; "+dec.Reason.String())
+	}
+	caddyhttp.SetVar(ctx, VarReplica, dec.Replica)
+	caddyhttp.SetVar(ctx, VarReason, dec.Reason.String())
+	return pool[at.up]
+}
+
+// Interface guards
+var (
+	_ caddy.Provisioner     = (*Policy)(nil)
+	_ caddy.Validator       = (*Policy)(nil)
+	_ caddy.CleanerUpper    = (*Policy)(nil)
+	_ reverseproxy.Selector = (*Policy)(nil)
+)

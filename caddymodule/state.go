@@ -1,0 +1,336 @@
+package caddymodule
+
+import (
+	"net/http"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"go.uber.org/zap"
+
+	"github.com/lmwarden/caddy-lmwarden/placement"
+	"github.com/lmwarden/caddy-lmwarden/vllmstats"
+)
+
+// modelStates holds one modelState per model name. It is package level and
+// reference counted so `caddy reload` keeps bindings, counters and token
+// accounting: the new config takes a reference before the old one drops its
+// own. When the last policy of a model goes, the state is destructed.
+var modelStates = caddy.NewUsagePool()
+
+// registry lets the admin API and the metrics collector reach the live
+// models; a model is in it from its first policy's Provision until its state
+// is destructed.
+var registry = struct {
+	sync.RWMutex
+	m map[string]*modelState
+}{m: make(map[string]*modelState)}
+
+func lookupModel(name string) (*modelState, bool) {
+	registry.RLock()
+	m, ok := registry.m[name]
+	registry.RUnlock()
+	return m, ok
+}
+
+// models returns the live models sorted by name.
+func models() []*modelState {
+	registry.RLock()
+	out := make([]*modelState, 0, len(registry.m))
+	for _, m := range registry.m {
+		out = append(out, m)
+	}
+	registry.RUnlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].name < out[j].name })
+	return out
+}
+
+// pollSettings are the parts of a policy's configuration the poller is built
+// from; when a reload changes them the poller is replaced.
+type pollSettings struct {
+	Interval    time.Duration
+	Timeout     time.Duration
+	FailAfter   int
+	MetricsPath string
+	Scheme      string
+}
+
+// modelState is the runtime of one model: its router, poller and token
+// accountant.
+type modelState struct {
+	name   string
+	router *placement.Router
+	acct   *vllmstats.Accountant
+
+	mu        sync.Mutex
+	poller    *vllmstats.Poller
+	poll      pollSettings
+	targets   []vllmstats.Target
+	started   bool
+	stopped   bool
+	logger    *zap.Logger
+	pollErrs  map[string]uint64 // poll rounds that failed, per replica, since start
+	lastTaken time.Time
+}
+
+func newModelState(name string, rcfg placement.Config) *modelState {
+	m := &modelState{
+		name:     name,
+		router:   placement.NewRouter(rcfg),
+		acct:     vllmstats.NewAccountant(),
+		pollErrs: make(map[string]uint64),
+		logger:   zap.NewNop(),
+	}
+	registry.Lock()
+	registry.m[name] = m
+	registry.Unlock()
+	return m
+}
+
+// Destruct stops the poller and forgets the model; called by the usage pool
+// when no configuration uses the model any more.
+func (m *modelState) Destruct() error {
+	m.mu.Lock()
+	m.stopped = true
+	p := m.poller
+	m.poller = nil
+	m.mu.Unlock()
+	if p != nil {
+		p.Stop()
+	}
+	registry.Lock()
+	if registry.m[m.name] == m {
+		delete(registry.m, m.name)
+	}
+	registry.Unlock()
+	return nil
+}
+
+// configure applies a (re)loaded policy's settings: the router keeps its
+// bindings and counters; the poller is rebuilt only when its own settings
+// changed.
+func (m *modelState) configure(rcfg placement.Config, ps pollSettings, logger *zap.Logger) {
+	m.router.Reconfigure(rcfg)
+	m.mu.Lock()
+	if logger != nil {
+		m.logger = logger
+	}
+	var old *vllmstats.Poller
+	if m.poller == nil || m.poll != ps {
+		old = m.poller
+		m.poll = ps
+		m.poller = m.newPoller()
+		if m.started {
+			m.poller.Start()
+		}
+	}
+	m.mu.Unlock()
+	if old != nil {
+		old.Stop()
+	}
+}
+
+// newPoller builds a poller from the current settings and targets; m.mu held.
+func (m *modelState) newPoller() *vllmstats.Poller {
+	return vllmstats.NewPoller(vllmstats.PollerConfig{
+		Targets:     append([]vllmstats.Target(nil), m.targets...),
+		Interval:    m.poll.Interval,
+		Timeout:     m.poll.Timeout,
+		FailAfter:   m.poll.FailAfter,
+		MetricsPath: m.poll.MetricsPath,
+		Client:      &http.Client{Timeout: m.poll.Timeout},
+		Logger:      m.logger.Named("poller"),
+		OnSnapshot:  m.onSnapshot,
+	})
+}
+
+// start begins polling (idempotent); the lm_warden app calls it.
+func (m *modelState) start() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.started || m.stopped || m.poller == nil {
+		return
+	}
+	m.started = true
+	m.poller.Start()
+}
+
+// setTargets changes the replicas: the router's set and the poller's targets.
+func (m *modelState) setTargets(ids []string, targets []vllmstats.Target) {
+	m.router.SetReplicas(ids)
+	m.mu.Lock()
+	m.targets = targets
+	p := m.poller
+	m.mu.Unlock()
+	if p != nil {
+		p.SetTargets(targets)
+	}
+}
+
+// pollerSnapshot returns the latest poll round (never nil).
+func (m *modelState) pollerSnapshot() *vllmstats.Snapshot {
+	m.mu.Lock()
+	p := m.poller
+	m.mu.Unlock()
+	if p == nil {
+		return &vllmstats.Snapshot{}
+	}
+	return p.Snapshot()
+}
+
+// onSnapshot feeds every poll round into the router and counts poll errors.
+func (m *modelState) onSnapshot(s *vllmstats.Snapshot) {
+	if s == nil {
+		return
+	}
+	var failed []string
+	for i := range s.Replicas {
+		rs := &s.Replicas[i]
+		m.router.UpdateLoad(rs.ID, placement.Load{
+			Running:   int(rs.Metrics.Running),
+			Waiting:   int(rs.Metrics.Waiting),
+			KVUsage:   rs.Metrics.KVUsage,
+			Reachable: rs.Reachable,
+			Seen:      rs.LastSeen,
+		})
+		if rs.LastError != "" && rs.Failures > 0 {
+			failed = append(failed, rs.ID)
+		}
+	}
+	m.router.Sweep(time.Now())
+	m.mu.Lock()
+	if !s.Taken.Equal(m.lastTaken) {
+		// a new poll round (SetTargets republishes the previous one)
+		m.lastTaken = s.Taken
+		for _, id := range failed {
+			m.pollErrs[id]++
+		}
+	}
+	m.mu.Unlock()
+}
+
+func (m *modelState) pollErrors() map[string]uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make(map[string]uint64, len(m.pollErrs))
+	for k, v := range m.pollErrs {
+		out[k] = v
+	}
+	return out
+}
+
+func (m *modelState) recordUsage(replica string, u vllmstats.Usage, now time.Time) {
+	m.acct.Record(replica, u, now)
+}
+
+func init() {
+	caddy.RegisterModule(new(App))
+}
+
+// App is the lm_warden Caddy app. It starts the replica pollers of the models
+// used in the running configuration. It needs no configuration: the first
+// lm_warden selection policy loads it. Pollers stop when their model leaves
+// the configuration (the last policy using it is cleaned up).
+type App struct {
+	ctx      caddy.Context
+	mu       sync.Mutex
+	models   map[string]*modelState
+	policies []*Policy
+}
+
+// CaddyModule returns the Caddy module information.
+func (*App) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "lm_warden",
+		New: func() caddy.Module { return new(App) },
+	}
+}
+
+// Provision keeps the context for Start.
+func (a *App) Provision(ctx caddy.Context) error {
+	a.ctx = ctx
+	return nil
+}
+
+func (a *App) add(m *modelState, p *Policy) {
+	a.mu.Lock()
+	if a.models == nil {
+		a.models = make(map[string]*modelState)
+	}
+	a.models[m.name] = m
+	a.policies = append(a.policies, p)
+	a.mu.Unlock()
+}
+
+// Start tells every model of this configuration its static upstreams (so
+// polling and the card start before the first request) and starts polling.
+func (a *App) Start() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.ctx.Context != nil && len(a.policies) > 0 {
+		if httpApp, err := a.ctx.AppIfConfigured("http"); err == nil {
+			if app, ok := httpApp.(*caddyhttp.App); ok {
+				seedUpstreams(app, a.policies)
+			}
+		}
+	}
+	for _, m := range a.models {
+		m.start()
+	}
+	return nil
+}
+
+// seedUpstreams finds the reverse proxies that use one of policies and hands
+// each policy its static upstreams.
+func seedUpstreams(app *caddyhttp.App, policies []*Policy) {
+	ours := make(map[*Policy]bool, len(policies))
+	for _, p := range policies {
+		ours[p] = true
+	}
+	var walk func(routes caddyhttp.RouteList)
+	walk = func(routes caddyhttp.RouteList) {
+		for _, rt := range routes {
+			for _, h := range rt.Handlers {
+				switch h := h.(type) {
+				case *caddyhttp.Subroute:
+					walk(h.Routes)
+					if h.Errors != nil {
+						walk(h.Errors.Routes)
+					}
+				case *reverseproxy.Handler:
+					if h.LoadBalancing == nil || len(h.Upstreams) == 0 {
+						continue
+					}
+					if p, ok := h.LoadBalancing.SelectionPolicy.(*Policy); ok && ours[p] {
+						p.replicas(h.Upstreams)
+					}
+				}
+			}
+		}
+	}
+	for _, srv := range app.Servers {
+		walk(srv.Routes)
+		if srv.Errors != nil {
+			walk(srv.Errors.Routes)
+		}
+		for _, rt := range srv.NamedRoutes {
+			if rt != nil {
+				walk(caddyhttp.RouteList{*rt})
+			}
+		}
+	}
+}
+
+// Stop does nothing: a model's poller outlives a reload and stops when the
+// model is gone from the configuration.
+func (a *App) Stop() error { return nil }
+
+// Interface guards
+var (
+	_ caddy.App         = (*App)(nil)
+	_ caddy.Provisioner = (*App)(nil)
+	_ caddy.Destructor  = (*modelState)(nil)
+)

@@ -220,7 +220,9 @@ func (r *Router) Reconfigure(cfg Config) {
 	}
 }
 
-// Config returns the settings in use, defaults filled in.
+// Config returns the settings in use, defaults filled in. SpillThreshold
+// stays 0 when it is derived (auto), so the result can be passed back to
+// Reconfigure unchanged; SpillThreshold() gives the value in use.
 func (r *Router) Config() Config {
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -1,0 +1,344 @@
+package vllmstats
+
+import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// fakeVLLM serves a settable exposition and /v1/models on 127.0.0.1.
+type fakeVLLM struct {
+	srv           *httptest.Server
+	mu            sync.Mutex
+	body          string
+	status        int
+	metricsHits   atomic.Int64
+	modelsHits    atomic.Int64
+	maxModelLen   int
+	hang          chan struct{} // when non-nil, /metrics blocks until closed or the request ends
+	requestsAlive atomic.Int64
+}
+
+func newFakeVLLM(t *testing.T, body string) *fakeVLLM {
+	f := &fakeVLLM{body: body, status: 200, maxModelLen: 32768}
+	f.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f.requestsAlive.Add(1)
+		defer f.requestsAlive.Add(-1)
+		f.mu.Lock()
+		body, status, hang, mml := f.body, f.status, f.hang, f.maxModelLen
+		f.mu.Unlock()
+		switch r.URL.Path {
+		case "/metrics":
+			f.metricsHits.Add(1)
+			if hang != nil {
+				select {
+				case <-hang:
+				case <-r.Context().Done():
+				}
+				return
+			}
+			w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+			w.WriteHeader(status)
+			fmt.Fprint(w, body)
+		case "/v1/models":
+			f.modelsHits.Add(1)
+			fmt.Fprintf(w, `{"object":"list","data":[{"id":"qwen3-4b","object":"model","max_model_len":%d,"parent":null},{"id":"lora-a","parent":"qwen3-4b","max_model_len":%d}]}`, mml, mml)
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	t.Cleanup(f.srv.Close)
+	return f
+}
+
+func (f *fakeVLLM) set(status int, body string) {
+	f.mu.Lock()
+	f.status, f.body = status, body
+	f.mu.Unlock()
+}
+
+func counters(q, h float64, running int) string {
+	return fmt.Sprintf(`# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} %d
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.5
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} %g
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} %g
+`, running, q, h)
+}
+
+func mustReplica(t *testing.T, p *Poller, id string) *ReplicaStats {
+	t.Helper()
+	r, ok := p.Snapshot().Replica(id)
+	if !ok {
+		t.Fatalf("replica %s missing", id)
+	}
+	return r
+}
+
+func TestPollerFourEnginesOneRequest(t *testing.T) {
+	f := newFakeVLLM(t, readFixture(t, "four_engines.txt"))
+	var targets []Target
+	for i := range 4 {
+		targets = append(targets, Target{ID: fmt.Sprintf("dp%d", i), BaseURL: f.srv.URL + "/", Engine: fmt.Sprint(i)})
+	}
+	p := NewPoller(PollerConfig{Targets: targets, Interval: time.Second})
+	defer p.Stop()
+	if s := p.Snapshot(); len(s.Replicas) != 4 || !s.Replicas[0].Reachable || !s.Taken.IsZero() {
+		t.Fatalf("initial snapshot %+v", s)
+	}
+	p.round()
+	p.round()
+	if got := f.metricsHits.Load(); got != 2 {
+		t.Fatalf("metrics requests %d, want one per round", got)
+	}
+	if got := f.modelsHits.Load(); got != 1 {
+		t.Fatalf("models requests %d, want 1", got)
+	}
+	s := p.Snapshot()
+	for i, r := range s.Replicas {
+		if r.ID != targets[i].ID || r.Metrics.Engine != fmt.Sprint(i) || !r.Reachable || r.MaxModelLen != 32768 || r.ModelID != "qwen3-4b" || r.Samples != 2 {
+			t.Fatalf("replica %d: %+v", i, r)
+		}
+	}
+	if r := mustReplica(t, p, "dp3"); r.Metrics.Running != 31 || r.BusySamples != 2 || r.Metrics.KVCapacityTokens != 36800 {
+		t.Fatalf("dp3 %+v", r)
+	}
+	if r := mustReplica(t, p, "dp2"); r.BusySamples != 0 {
+		t.Fatalf("idle engine counted busy: %+v", r)
+	}
+}
+
+func TestPollerHitRatesAndReset(t *testing.T) {
+	f := newFakeVLLM(t, counters(100, 50, 1))
+	p := NewPoller(PollerConfig{Targets: []Target{{ID: "r", BaseURL: f.srv.URL}}, Interval: time.Second, Window: time.Hour})
+	defer p.Stop()
+	steps := []struct {
+		q, h                 float64
+		window, total, since float64
+		resets               uint64
+	}{
+		{100, 50, 0, 0, 0, 0},        // baseline: counts before the poller started are not ours
+		{200, 130, 0.8, 0.8, 100, 0}, // Δq 100 Δh 80
+		{10, 5, 0.8, 0.8, 100, 1},    // restart: new baseline, no negative traffic
+		{110, 105, 0.9, 0.9, 200, 1}, // Δq 100 Δh 100
+	}
+	for i, st := range steps {
+		f.set(200, counters(st.q, st.h, 0))
+		p.round()
+		r := mustReplica(t, p, "r")
+		if r.HitRateWindow != st.window || r.HitRateTotal != st.total || r.QueriesSinceStart != st.since || r.Resets != st.resets {
+			t.Fatalf("step %d: window %v total %v since %v resets %d; want %+v", i, r.HitRateWindow, r.HitRateTotal, r.QueriesSinceStart, r.Resets, st)
+		}
+	}
+	if got := f.modelsHits.Load(); got != 2 {
+		t.Fatalf("models read %d times, want at start and after the restart", got)
+	}
+}
+
+func TestPollerWindowSlides(t *testing.T) {
+	f := newFakeVLLM(t, counters(0, 0, 0))
+	p := NewPoller(PollerConfig{Targets: []Target{{ID: "r", BaseURL: f.srv.URL}}, Interval: time.Second, Window: 30 * time.Millisecond})
+	defer p.Stop()
+	p.round()
+	f.set(200, counters(100, 0, 0)) // 100 misses
+	p.round()
+	time.Sleep(60 * time.Millisecond)
+	f.set(200, counters(200, 100, 0)) // then 100 hits
+	p.round()
+	r := mustReplica(t, p, "r")
+	if r.HitRateWindow != 1 || r.HitRateTotal != 0.5 || r.WindowQueries != 100 {
+		t.Fatalf("window %v (%v queries) total %v", r.HitRateWindow, r.WindowQueries, r.HitRateTotal)
+	}
+}
+
+func TestPollerFailuresAndRecovery(t *testing.T) {
+	good := newFakeVLLM(t, counters(100, 50, 2))
+	dead := newFakeVLLM(t, counters(100, 50, 2))
+	p := NewPoller(PollerConfig{
+		Targets:  []Target{{ID: "good", BaseURL: good.srv.URL, Engine: "0"}, {ID: "dead", BaseURL: dead.srv.URL}},
+		Interval: time.Second, FailAfter: 2,
+	})
+	defer p.Stop()
+	p.round()
+	seen := mustReplica(t, p, "dead").LastSeen
+	if seen.IsZero() {
+		t.Fatal("not seen")
+	}
+	failures := []struct {
+		name  string
+		apply func()
+		want  string
+	}{
+		{"5xx", func() { good.set(503, "engine dead") }, "503"},
+		{"garbage", func() { good.set(200, "<html>oops</html>") }, "parsing vllm metrics"},
+		{"wrong engine", func() { good.set(200, strings.ReplaceAll(counters(1, 1, 1), `engine="0"`, `engine="5"`)) }, `engine "0" not in exposition`},
+	}
+	for _, fc := range failures {
+		fc.apply()
+		p.round()
+		r := mustReplica(t, p, "good")
+		if !r.Reachable || r.Failures != 1 || !strings.Contains(r.LastError, fc.want) || r.Metrics.Running != 2 {
+			t.Fatalf("%s after 1 failure: %+v", fc.name, r)
+		}
+		p.round()
+		r = mustReplica(t, p, "good")
+		if r.Reachable || r.Failures != 2 || !strings.Contains(r.LastError, fc.want) || r.Metrics.Running != 2 {
+			t.Fatalf("%s after 2 failures: %+v", fc.name, r)
+		}
+		good.set(200, counters(100, 50, 2))
+		before := good.modelsHits.Load()
+		p.round()
+		r = mustReplica(t, p, "good")
+		if !r.Reachable || r.Failures != 0 || r.LastError != "" || r.LastSeen.Equal(seen) {
+			t.Fatalf("%s not recovered: %+v", fc.name, r)
+		}
+		if good.modelsHits.Load() != before+1 {
+			t.Fatalf("%s: models not read again after recovery", fc.name)
+		}
+	}
+
+	// A server that dies: connection refused.
+	seen = mustReplica(t, p, "dead").LastSeen
+	dead.srv.Close()
+	p.round()
+	p.round()
+	r := mustReplica(t, p, "dead")
+	if r.Reachable || r.Failures != 2 || r.LastError == "" || !r.LastSeen.Equal(seen) || r.Metrics.Running != 2 {
+		t.Fatalf("dead server: %+v", r)
+	}
+	if g := mustReplica(t, p, "good"); !g.Reachable {
+		t.Fatalf("good replica hurt by the dead one: %+v", g)
+	}
+}
+
+func TestPollerHangingServer(t *testing.T) {
+	hang := newFakeVLLM(t, counters(1, 1, 1))
+	hang.hang = make(chan struct{})
+	defer close(hang.hang)
+	good := newFakeVLLM(t, counters(1, 1, 1))
+	p := NewPoller(PollerConfig{
+		Targets:  []Target{{ID: "hang", BaseURL: hang.srv.URL}, {ID: "good", BaseURL: good.srv.URL}},
+		Interval: 200 * time.Millisecond, FailAfter: 1,
+	})
+	defer p.Stop()
+	start := time.Now()
+	p.round()
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("round held %v by a hanging server", d)
+	}
+	r := mustReplica(t, p, "hang")
+	if r.Reachable || !strings.Contains(r.LastError, "deadline") {
+		t.Fatalf("hanging server: %+v", r)
+	}
+	if g := mustReplica(t, p, "good"); !g.Reachable || g.Samples != 1 {
+		t.Fatalf("good replica: %+v", g)
+	}
+}
+
+func TestPollerStartStopNoLeak(t *testing.T) {
+	hang := newFakeVLLM(t, counters(1, 1, 1))
+	hang.hang = make(chan struct{})
+	good := newFakeVLLM(t, counters(1, 1, 1))
+	base := runtime.NumGoroutine()
+	rounds := make(chan *Snapshot, 100)
+	tr := &http.Transport{}
+	p := NewPoller(PollerConfig{
+		Targets:    []Target{{ID: "hang", BaseURL: hang.srv.URL}, {ID: "good", BaseURL: good.srv.URL}},
+		Interval:   50 * time.Millisecond,
+		Timeout:    time.Hour, // clamped below the interval
+		Client:     &http.Client{Transport: tr},
+		OnSnapshot: func(s *Snapshot) { rounds <- s },
+	})
+	p.Start()
+	p.Start()
+	var s *Snapshot
+	for range 3 {
+		select {
+		case s = <-rounds:
+		case <-time.After(10 * time.Second):
+			t.Fatal("no poll rounds")
+		}
+	}
+	if r, _ := s.Replica("good"); r.Samples < 2 {
+		t.Fatalf("good replica samples %d", r.Samples)
+	}
+	p.Stop()
+	p.Stop()
+	close(hang.hang)
+	tr.CloseIdleConnections()
+	deadline := time.Now().Add(5 * time.Second)
+	for runtime.NumGoroutine() > base && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := runtime.NumGoroutine(); n > base {
+		buf := make([]byte, 1<<16)
+		t.Fatalf("%d goroutines after Stop, %d before:\n%s", n, base, buf[:runtime.Stack(buf, true)])
+	}
+	// Stop without Start returns at once.
+	q := NewPoller(PollerConfig{})
+	done := make(chan struct{})
+	go func() { q.Stop(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Stop without Start blocked")
+	}
+}
+
+func TestPollerSetTargets(t *testing.T) {
+	f := newFakeVLLM(t, readFixture(t, "four_engines.txt"))
+	var got atomic.Pointer[Snapshot]
+	p := NewPoller(PollerConfig{Targets: []Target{{ID: "a", BaseURL: f.srv.URL, Engine: "1"}}, OnSnapshot: func(s *Snapshot) { got.Store(s) }})
+	defer p.Stop()
+	p.round()
+	p.SetTargets([]Target{{ID: "b", BaseURL: f.srv.URL, Engine: "3"}, {ID: "a", BaseURL: f.srv.URL, Engine: "1"}, {ID: "a", BaseURL: "http://dup"}})
+	s := p.Snapshot()
+	if got.Load() != s || len(s.Replicas) != 2 || s.Replicas[0].ID != "b" || s.Replicas[1].Samples != 1 || s.Replicas[0].Samples != 0 {
+		t.Fatalf("after SetTargets: %+v", s.Replicas)
+	}
+	p.round()
+	if r := mustReplica(t, p, "b"); r.Metrics.Running != 31 || r.MaxModelLen != 32768 {
+		t.Fatalf("new target: %+v", r)
+	}
+	p.SetTargets(nil)
+	if len(p.Snapshot().Replicas) != 0 {
+		t.Fatal("targets not removed")
+	}
+	p.round()
+}
+
+func TestPollerEngineDefault(t *testing.T) {
+	multi := newFakeVLLM(t, readFixture(t, "four_engines.txt"))
+	single := newFakeVLLM(t, strings.ReplaceAll(counters(1, 1, 4), `engine="0"`, `engine="2"`))
+	p := NewPoller(PollerConfig{Targets: []Target{{ID: "m", BaseURL: multi.srv.URL}, {ID: "s", BaseURL: single.srv.URL}}})
+	defer p.Stop()
+	p.round()
+	if r := mustReplica(t, p, "m"); r.Metrics.Engine != "0" || r.Metrics.Running != 12 {
+		t.Fatalf("multi-engine default: %+v", r.Metrics)
+	}
+	if r := mustReplica(t, p, "s"); r.Metrics.Engine != "2" || r.Metrics.Running != 4 {
+		t.Fatalf("only engine: %+v", r.Metrics)
+	}
+}
+
+func TestSnapshotReadsDoNotAllocate(t *testing.T) {
+	p := NewPoller(PollerConfig{Targets: []Target{{ID: "a", BaseURL: "http://127.0.0.1:1"}, {ID: "b", BaseURL: "http://127.0.0.1:1"}}})
+	allocs := testing.AllocsPerRun(100, func() {
+		s := p.Snapshot()
+		if r, ok := s.Replica("b"); !ok || r.ID != "b" {
+			panic("missing")
+		}
+	})
+	if allocs != 0 {
+		t.Fatalf("%v allocations per read", allocs)
+	}
+}

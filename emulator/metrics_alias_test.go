@@ -1,0 +1,5 @@
+package emulator
+
+import dto "github.com/prometheus/client_model/go"
+
+type dtoFamily = dto.MetricFamily

@@ -191,7 +191,7 @@ func randomRun(t *testing.T, seed uint64, steps int) {
 }
 
 func TestConcurrentRouting(t *testing.T) {
-	const workers, perWorker = 300, 300
+	const workers, perWorker = 300, 150
 	r := newTestRouter(8, Config{MaxNumSeqs: 16, MaxBindings: 500, IdleTTL: time.Second})
 	var wg sync.WaitGroup
 	stop := make(chan struct{})

@@ -245,11 +245,13 @@ func (s *simulator) stage(mode string, n int) (Stage, error) {
 	}
 	st := Measure(s.turns[first:], s.polls, w)
 	st.Mode, st.Sessions = mode, n
-	st.Policy = "sim:" + policyOf(mode)
+	st.Policy = "sim:" + PolicyOf(mode)
 	return st, nil
 }
 
-func policyOf(mode string) string {
+// PolicyOf names the router behind a mode in reports: lm_warden for affinity
+// off and on, else the Caddy policy.
+func PolicyOf(mode string) string {
 	if mode == ModeOff || mode == ModeOn {
 		return "lm_warden"
 	}

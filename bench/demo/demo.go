@@ -1,0 +1,238 @@
+// Package demo is warden-bench's one-command demo: emulated vLLM replicas
+// and Caddy with LM Warden, both in this process on loopback, driven by
+// the bench workload through the stages of the brief.
+package demo
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	_ "github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"     // the Caddyfile adapter
+	_ "github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile" // the http server type
+	_ "github.com/caddyserver/caddy/v2/modules/standard"
+
+	"github.com/lmwarden/caddy-lmwarden/bench"
+	_ "github.com/lmwarden/caddy-lmwarden/caddymodule"
+	"github.com/lmwarden/caddy-lmwarden/emulator"
+)
+
+// Config is the self-contained demo: emulated replicas and Caddy with
+// LM Warden, both in this process on loopback, driven by the workload.
+type Config struct {
+	Replicas int     // emulated replicas (default 4)
+	Speed    float64 // engine seconds per wall second (default 10)
+	Engine   emulator.EngineConfig
+	Workload bench.Workload
+	Stages   []int
+	Modes    []string // default off, on
+	// StageLength and Warmup are engine time.
+	StageLength, Warmup time.Duration
+	// Admin is Caddy's admin address (default 127.0.0.1:2019); the routing
+	// card is served there under /lm-warden/.
+	Admin string
+	// Listen is the proxy's address (default 127.0.0.1 on a free port).
+	Listen   string
+	API      bench.API
+	Progress io.Writer // live progress line (nil: none)
+	Log      io.Writer // what the demo tells the user (nil: none)
+}
+
+// DefaultConfig runs the brief's stages, affinity off then on, on four
+// emulated A4000 replicas sped up ten times: 90 engine seconds measured
+// after 30 of warm-up per stage, about 2½ minutes of wall time in all.
+func DefaultConfig() Config {
+	return Config{
+		Replicas:    4,
+		Speed:       10,
+		Engine:      emulator.DefaultEngineConfig(),
+		Workload:    bench.DefaultWorkload(),
+		Stages:      []int{4, 8, 16, 24, 32},
+		Modes:       []string{bench.ModeOff, bench.ModeOn},
+		StageLength: 90 * time.Second,
+		Warmup:      30 * time.Second,
+		Admin:       "127.0.0.1:2019",
+		API:         bench.APIAnthropic,
+	}
+}
+
+// Demo starts the emulator and Caddy, runs the stages and returns the
+// report. Caddy is stopped and the emulator closed before it returns.
+func Run(ctx context.Context, cfg Config) (*bench.Report, error) {
+	if cfg.Replicas <= 0 {
+		cfg.Replicas = 4
+	}
+	if cfg.Speed <= 0 {
+		cfg.Speed = 10
+	}
+	if cfg.Admin == "" {
+		cfg.Admin = "127.0.0.1:2019"
+	}
+	if len(cfg.Modes) == 0 {
+		cfg.Modes = []string{bench.ModeOff, bench.ModeOn}
+	}
+	logf := func(format string, args ...any) {
+		if cfg.Log != nil {
+			fmt.Fprintf(cfg.Log, format+"\n", args...)
+		}
+	}
+	srv, err := emulator.NewServer(emulator.ServerConfig{Replicas: cfg.Replicas, Speed: cfg.Speed, Model: cfg.Workload.Model, Engine: cfg.Engine})
+	if err != nil {
+		return nil, fmt.Errorf("starting the emulator: %w", err)
+	}
+	defer srv.Close()
+	listen := cfg.Listen
+	if listen == "" {
+		if listen, err = freeAddr(); err != nil {
+			return nil, err
+		}
+	}
+	px := &demoProxy{
+		admin:     cfg.Admin,
+		listen:    listen,
+		model:     cfg.Workload.Model,
+		maxSeqs:   cfg.Engine.MaxNumSeqs,
+		poll:      max(100*time.Millisecond, time.Duration(float64(time.Second)/cfg.Speed)),
+		upstreams: srv.URLs(),
+	}
+	if err := px.load(cfg.Modes[0]); err != nil {
+		return nil, err
+	}
+	defer caddy.Stop() //nolint:errcheck // best effort on the way out
+	var metrics []string
+	for _, u := range srv.URLs() {
+		metrics = append(metrics, u+"/metrics")
+	}
+	logf("emulator: %d replicas (%s), %g× speed: %s", cfg.Replicas, emulator.DefaultModel, cfg.Speed, strings.Join(srv.URLs(), " "))
+	logf("LM Warden (Caddy): http://%s — routing card: http://%s/lm-warden/ (open it while the stages run)", listen, cfg.Admin)
+	total := time.Duration(len(cfg.Stages)*len(cfg.Modes)) * time.Duration(float64(cfg.StageLength+cfg.Warmup)/cfg.Speed)
+	logf("stages %v × %v, %v + %v warm-up each in engine time: about %v of wall time", cfg.Stages, cfg.Modes, cfg.StageLength, cfg.Warmup, total.Round(time.Second))
+
+	rep, err := bench.RunHTTP(ctx, bench.HTTPConfig{
+		Client:      bench.Client{BaseURL: "http://" + listen, API: cfg.API, Token: "demo-token"},
+		Workload:    cfg.Workload,
+		Count:       emulator.CountTokens,
+		Stages:      cfg.Stages,
+		Modes:       cfg.Modes,
+		SetMode:     func(ctx context.Context, mode string) error { return px.setMode(ctx, mode) },
+		Policy:      bench.PolicyOf,
+		StageLength: cfg.StageLength,
+		Warmup:      cfg.Warmup,
+		Speed:       cfg.Speed,
+		Metrics:     metrics,
+		Progress:    cfg.Progress,
+		Drain:       10 * time.Second,
+	})
+	if rep != nil {
+		rep.Kind = "demo"
+	}
+	return rep, err
+}
+
+func freeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", fmt.Errorf("finding a free port: %w", err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return addr, nil
+}
+
+// demoProxy is the in-process Caddy of the demo.
+type demoProxy struct {
+	admin, listen, model string
+	maxSeqs              int
+	poll                 time.Duration
+	upstreams            []string
+	mode                 string
+}
+
+// Caddyfile renders the demo's configuration for a mode.
+func (p *demoProxy) Caddyfile(mode string) string {
+	var ups []string
+	for _, u := range p.upstreams {
+		ups = append(ups, strings.TrimPrefix(u, "http://"))
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "{\n\tadmin %s\n\tpersist_config off\n\tauto_https off\n\tlog {\n\t\tlevel ERROR\n\t}\n}\n\n", p.admin)
+	fmt.Fprintf(&b, "http://%s {\n\tbind 127.0.0.1\n", p.listen)
+	switch mode {
+	case bench.ModeOff, bench.ModeOn:
+		aff := "on"
+		if mode == bench.ModeOff {
+			aff = "off"
+		}
+		fmt.Fprintf(&b, "\tlm_warden\n\treverse_proxy %s {\n", strings.Join(ups, " "))
+		fmt.Fprintf(&b, "\t\tlb_policy lm_warden {\n\t\t\tmodel %s\n\t\t\taffinity %s\n\t\t\tmax_num_seqs %d\n\t\t\tpoll_interval %s\n\t\t}\n", p.model, aff, p.maxSeqs, p.poll)
+	case bench.ModeHeader:
+		fmt.Fprintf(&b, "\treverse_proxy %s {\n\t\tlb_policy header X-Claude-Code-Session-Id\n", strings.Join(ups, " "))
+	default:
+		fmt.Fprintf(&b, "\treverse_proxy %s {\n\t\tlb_policy %s\n", strings.Join(ups, " "), mode)
+	}
+	b.WriteString("\t\tflush_interval -1\n\t}\n}\n")
+	return b.String()
+}
+
+// load adapts the mode's Caddyfile and (re)loads Caddy with it.
+func (p *demoProxy) load(mode string) error {
+	cfgJSON, warns, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(p.Caddyfile(mode)), map[string]any{"filename": "Caddyfile"})
+	if err != nil {
+		return fmt.Errorf("adapting the %s configuration: %w", mode, err)
+	}
+	for _, w := range warns {
+		if strings.Contains(w.Message, "fmt") {
+			continue
+		}
+		return fmt.Errorf("adapting the %s configuration: %s", mode, w.String())
+	}
+	if err := caddy.Load(cfgJSON, false); err != nil {
+		return fmt.Errorf("loading Caddy (%s): %w", mode, err)
+	}
+	p.mode = mode
+	return nil
+}
+
+// setMode switches the router: between affinity off and on through LM
+// Warden's admin bench.API (bindings and counters stay), else by a config reload.
+func (p *demoProxy) setMode(ctx context.Context, mode string) error {
+	if mode == p.mode {
+		return nil
+	}
+	lmw := func(m string) bool { return m == bench.ModeOff || m == bench.ModeOn }
+	if lmw(mode) && lmw(p.mode) {
+		if err := p.putAffinity(ctx, mode == bench.ModeOn); err == nil {
+			p.mode = mode
+			return nil
+		}
+	}
+	return p.load(mode)
+}
+
+func (p *demoProxy) putAffinity(ctx context.Context, on bool) error {
+	body, _ := json.Marshal(map[string]bool{"affinity": on})
+	url := fmt.Sprintf("http://%s/lm-warden/models/%s/affinity", p.admin, p.model)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPut, url, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("switching affinity: %w", err)
+	}
+	defer resp.Body.Close()
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("switching affinity: status %d: %s", resp.StatusCode, msg)
+	}
+	return nil
+}

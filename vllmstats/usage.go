@@ -186,7 +186,9 @@ func (p *UsageParser) writeSSE(b []byte) {
 			return
 		}
 		if len(p.line) == 0 && !p.skipping {
-			p.sseLine(b[:i])
+			if i <= maxUsageLine { // the same bound as for lines split across writes
+				p.sseLine(b[:i])
+			}
 		} else {
 			p.appendLine(b[:i])
 			if !p.skipping {

@@ -135,11 +135,11 @@ func (r *httpRun) stage(ctx context.Context, mode string, n int) Stage {
 	r.mu.Unlock()
 
 	var wg sync.WaitGroup
-	for range n {
+	for i := range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r.client(sctx)
+			r.client(sctx, StartTurn(i, n, r.cfg.Workload.Turns))
 		}()
 	}
 	done := make(chan struct{})
@@ -179,14 +179,14 @@ func (r *httpRun) stage(ctx context.Context, mode string, n int) Stage {
 }
 
 // client is one closed-loop session slot: it runs sessions back to back
-// until ctx ends.
-func (r *httpRun) client(ctx context.Context) {
+// until ctx ends, the first one from turn start.
+func (r *httpRun) client(ctx context.Context, start int) {
 	for ctx.Err() == nil {
 		r.genMu.Lock()
-		sess := r.gen.Next()
+		sess := r.gen.NextAt(start)
 		r.genMu.Unlock()
-		for t := 0; t < sess.Turns(); t++ {
-			if t > 0 && sess.Think[t] > 0 {
+		for t := start; t < sess.Turns(); t++ {
+			if t > start && sess.Think[t] > 0 {
 				select {
 				case <-ctx.Done():
 					return
@@ -227,6 +227,7 @@ func (r *httpRun) client(ctx context.Context) {
 			}
 			sess.Answer(res.Text)
 		}
+		start = 0
 	}
 }
 

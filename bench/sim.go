@@ -199,7 +199,7 @@ func (s *simulator) stage(mode string, n int) (Stage, error) {
 	s.stopped = false
 	for i := range slots {
 		slots[i] = &simSlot{sendAt: -1}
-		s.newSession(slots[i])
+		s.newSession(slots[i], StartTurn(i, n, s.cfg.Workload.Turns))
 	}
 	nextPoll := s.lastPoll() + s.cfg.PollInterval
 	for {
@@ -306,7 +306,7 @@ func (s *simulator) finishStep(i int) {
 				continue
 			}
 			if sl.sess.Done() {
-				s.newSession(sl)
+				s.newSession(sl, 0)
 			} else if think := sl.sess.Think[sl.sess.Turn()]; think > 0 {
 				sl.sendAt = s.now + think
 			} else {
@@ -327,9 +327,17 @@ func (s *simulator) done(t *simTurn) {
 	s.engines[t.rep].inflight--
 }
 
-func (s *simulator) newSession(sl *simSlot) {
-	sl.sess = s.gen.Next()
+// newSession starts the slot's next session at turn start (its earlier
+// turns and answers already in the history).
+func (s *simulator) newSession(sl *simSlot, start int) {
+	sl.sess = s.gen.NextAt(start)
 	sl.hist = append(sl.hist[:0], s.sysTok...)
+	for t, a := range sl.sess.Answers {
+		sl.hist = emulator.AppendTokens(sl.hist, renderMessage("user", sl.sess.Messages[t]))
+		sl.hist = append(sl.hist, s.genTok...)
+		sl.hist = emulator.AppendTokens(sl.hist, a)
+		sl.hist = append(sl.hist, s.endTok...)
+	}
 	s.send(sl)
 }
 
@@ -354,7 +362,7 @@ func (s *simulator) send(sl *simSlot) {
 		release()
 		s.engines[rep].inflight--
 		if !s.stopped {
-			s.newSession(sl)
+			s.newSession(sl, 0)
 		}
 		return
 	}

@@ -138,6 +138,29 @@ func (g *Generator) Next() *Session {
 	return s
 }
 
+// NextAt returns the next session already advanced to turn start: the
+// earlier turns carry answers of the workload's output length, as if they
+// had been served. A stage starts its slots at spread-out turns so that
+// sessions end at a steady rate from the start, as in a long closed loop.
+func (g *Generator) NextAt(start int) *Session {
+	s := g.Next()
+	start = max(0, min(start, s.Turns()-1))
+	r := rand.New(rand.NewPCG(g.w.Seed^0xa5a5, uint64(s.Serial)+1))
+	for range start {
+		s.Answer(textOfTokens(r, s.OutputTokens, g.count))
+	}
+	return s
+}
+
+// StartTurn is the turn slot i of n starts its first session at, spreading
+// the slots evenly over a session's turns.
+func StartTurn(i, n, turns int) int {
+	if n <= 0 {
+		return 0
+	}
+	return i * turns / n
+}
+
 // Session returns session n.
 func (g *Generator) Session(n int) *Session {
 	r := rand.New(rand.NewPCG(g.w.Seed, uint64(n)+1))

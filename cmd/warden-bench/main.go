@@ -1,0 +1,293 @@
+// Command warden-bench measures what LM Warden's affinity buys, column for
+// column like the brief: a one-command demo (emulated replicas and Caddy
+// with LM Warden in-process), a virtual-clock simulation, and a load
+// harness against any base URL (a real vLLM, or LM Warden in front of it).
+//
+//	warden-bench demo [--full] [--compare] [flags]
+//	warden-bench sim  [--preset brief|7gpu] [--compare] [flags]
+//	warden-bench run  --url URL --metrics URL[,URL...] [flags]
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/lmwarden/caddy-lmwarden/bench"
+	"github.com/lmwarden/caddy-lmwarden/bench/demo"
+	"github.com/lmwarden/caddy-lmwarden/emulator"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		usage(os.Stderr)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	var err error
+	switch os.Args[1] {
+	case "demo":
+		err = runDemo(ctx, os.Args[2:])
+	case "sim":
+		err = runSim(os.Args[2:])
+	case "run":
+		err = runHTTP(ctx, os.Args[2:])
+	case "-h", "--help", "help":
+		usage(os.Stdout)
+		return
+	default:
+		usage(os.Stderr)
+		os.Exit(2)
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		return
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "warden-bench:", err)
+		os.Exit(1)
+	}
+}
+
+func usage(w io.Writer) {
+	fmt.Fprint(w, `warden-bench: the brief's measurement of LM Warden, column for column.
+
+  warden-bench demo   emulator + Caddy with LM Warden in-process; stages 4-32, affinity off then on
+  warden-bench sim    the same experiment on a virtual clock (engine model x real router), in seconds
+  warden-bench run    drive any base URL (vLLM, or LM Warden in front of it) and poll the replicas
+
+Run "warden-bench <command> -h" for its flags.
+`)
+}
+
+// common holds the flags every command shares.
+type common struct {
+	w           bench.Workload
+	think       time.Duration
+	stages      string
+	modes       string
+	compare     bool
+	stageLength time.Duration
+	warmup      time.Duration
+	out         string
+}
+
+func addCommon(fs *flag.FlagSet, c *common, w bench.Workload, stageLength, warmup time.Duration) {
+	c.w = w
+	fs.Uint64Var(&c.w.Seed, "seed", w.Seed, "workload seed: the same seed sends the same prompts")
+	fs.IntVar(&c.w.SystemTokens, "system-tokens", w.SystemTokens, "tokens of the system prompt shared by all sessions")
+	fs.IntVar(&c.w.FirstTokens, "first-tokens", w.FirstTokens, "tokens of a session's first message")
+	fs.IntVar(&c.w.Turns, "turns", w.Turns, "turns per session, the first included")
+	fs.IntVar(&c.w.TurnTokens, "turn-tokens", w.TurnTokens, "new tokens of every later turn")
+	fs.IntVar(&c.w.OutputTokens, "output-tokens", w.OutputTokens, "max_tokens of every turn")
+	fs.Float64Var(&c.w.Jitter, "jitter", w.Jitter, "per-session variation of message sizes (fraction)")
+	fs.DurationVar(&c.w.Think, "think", w.Think, "mean client pause between turns, engine time (0: none)")
+	fs.StringVar(&c.w.Model, "model", w.Model, "model name sent in requests (and LM Warden's model)")
+	fs.StringVar(&c.stages, "stages", "4,8,16,24,32", "concurrent sessions of each stage, comma-separated")
+	fs.StringVar(&c.modes, "modes", "off,on", "routing modes run per stage: off, on, least_conn, round_robin, header")
+	fs.BoolVar(&c.compare, "compare", false, "run all modes: off, on, least_conn, round_robin, header")
+	fs.DurationVar(&c.stageLength, "stage-length", stageLength, "measured length of a stage, engine time")
+	fs.DurationVar(&c.warmup, "warmup", warmup, "warm-up before each stage's measurement, engine time")
+	fs.StringVar(&c.out, "out", "warden-bench-out", "directory for report.json, table.md and the PNG charts")
+}
+
+func (c *common) parse() (stages []int, modes []string, err error) {
+	for _, s := range strings.Split(c.stages, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n < 1 {
+			return nil, nil, fmt.Errorf("bad --stages entry %q", s)
+		}
+		stages = append(stages, n)
+	}
+	if c.compare {
+		return stages, bench.CompareModes, nil
+	}
+	for _, m := range strings.Split(c.modes, ",") {
+		m = strings.TrimSpace(m)
+		ok := false
+		for _, x := range bench.CompareModes {
+			ok = ok || x == m
+		}
+		if !ok {
+			return nil, nil, fmt.Errorf("unknown mode %q (off, on, least_conn, round_robin, header)", m)
+		}
+		modes = append(modes, m)
+	}
+	return stages, modes, nil
+}
+
+func finish(rep *bench.Report, out string) error {
+	fmt.Println()
+	if err := rep.WriteTable(os.Stdout); err != nil {
+		return err
+	}
+	paths, err := rep.WriteFiles(out)
+	if err != nil {
+		return err
+	}
+	fmt.Println()
+	fmt.Println("wrote", strings.Join(paths, " "))
+	return nil
+}
+
+func runDemo(ctx context.Context, args []string) error {
+	d := demo.DefaultConfig()
+	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+	var c common
+	addCommon(fs, &c, d.Workload, d.StageLength, d.Warmup)
+	full := fs.Bool("full", false, "3-minute stages after a 1-minute warm-up (about 4½ minutes at 10x)")
+	fs.Float64Var(&d.Speed, "speed", d.Speed, "emulator speed: engine seconds per wall second")
+	fs.IntVar(&d.Replicas, "replicas", d.Replicas, "emulated replicas")
+	fs.StringVar(&d.Admin, "admin", d.Admin, "Caddy's admin address (the routing card is at /lm-warden/)")
+	fs.StringVar(&d.Listen, "listen", "", "proxy address (default: a free port on 127.0.0.1)")
+	api := fs.String("api", "anthropic", "client API: anthropic or openai")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	stages, modes, err := c.parse()
+	if err != nil {
+		return err
+	}
+	d.Workload, d.Stages, d.Modes = c.w, stages, modes
+	d.StageLength, d.Warmup = c.stageLength, c.warmup
+	if *full {
+		d.StageLength, d.Warmup = 3*time.Minute, time.Minute
+	}
+	d.API = bench.API(*api)
+	d.Progress, d.Log = os.Stderr, os.Stderr
+	rep, err := demo.Run(ctx, d)
+	if rep != nil && len(rep.Stages) > 0 {
+		if ferr := finish(rep, c.out); ferr != nil && err == nil {
+			err = ferr
+		}
+	}
+	return err
+}
+
+func runSim(args []string) error {
+	fs := flag.NewFlagSet("sim", flag.ContinueOnError)
+	preset := "brief"
+	for i, a := range args { // the preset decides the other flags' defaults
+		if v, ok := strings.CutPrefix(a, "--preset="); ok {
+			preset = v
+		} else if (a == "--preset" || a == "-preset") && i+1 < len(args) {
+			preset = args[i+1]
+		}
+	}
+	var cfg bench.SimConfig
+	switch preset {
+	case "brief":
+		cfg = bench.DefaultSimConfig()
+	case "7gpu":
+		cfg = bench.SevenGPUSimConfig()
+	default:
+		return fmt.Errorf("unknown preset %q (brief or 7gpu)", preset)
+	}
+	fs.String("preset", preset, "brief (4 × A4000, Qwen3-4B, 14k-token sessions) or 7gpu (7 × RTX 5090, 27B, 58k-token sessions, 16 vs 26 sessions)")
+	var c common
+	addCommon(fs, &c, cfg.Workload, cfg.StageLength, cfg.Warmup)
+	fs.IntVar(&cfg.Replicas, "replicas", cfg.Replicas, "replicas")
+	fs.IntVar(&cfg.Engine.NumGPUBlocks, "kv-blocks", cfg.Engine.NumGPUBlocks, "KV cache blocks per replica")
+	fs.IntVar(&cfg.Engine.MaxNumSeqs, "max-num-seqs", cfg.Engine.MaxNumSeqs, "max_num_seqs per replica")
+	fs.IntVar(&cfg.Placement.SpillThreshold, "spill-threshold", 0, "LM Warden spill threshold (0: auto = max_num_seqs/4)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	// The preset's own stages and modes, unless given.
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if !set["stages"] {
+		c.stages = joinInts(cfg.Stages)
+	}
+	if !set["modes"] {
+		c.modes = strings.Join(cfg.Modes, ",")
+	}
+	stages, modes, err := c.parse()
+	if err != nil {
+		return err
+	}
+	cfg.Workload, cfg.Stages, cfg.Modes = c.w, stages, modes
+	cfg.StageLength, cfg.Warmup = c.stageLength, c.warmup
+	cfg.Placement.MaxNumSeqs = cfg.Engine.MaxNumSeqs
+	start := time.Now()
+	cfg.Progress = func(st bench.Stage) {
+		fmt.Fprintf(os.Stderr, "sim %-12s %3d sessions: %5d requests, prefix hits %5.1f%%, TTFB p50 %6.2fs  (%.1fs)\n",
+			st.Mode, st.Sessions, st.Requests, st.PrefixHitPct, st.TTFBP50S, time.Since(start).Seconds())
+	}
+	rep, err := bench.Sim(cfg)
+	if err != nil {
+		return err
+	}
+	return finish(rep, c.out)
+}
+
+func joinInts(ns []int) string {
+	s := make([]string, len(ns))
+	for i, n := range ns {
+		s[i] = strconv.Itoa(n)
+	}
+	return strings.Join(s, ",")
+}
+
+func runHTTP(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	var c common
+	addCommon(fs, &c, bench.DefaultWorkload(), 3*time.Minute, 30*time.Second)
+	var cl bench.Client
+	fs.StringVar(&cl.BaseURL, "url", "", "base URL to drive (LM Warden, vLLM or the emulator), without /v1")
+	api := fs.String("api", "anthropic", "client API: anthropic (POST /v1/messages) or openai (POST /v1/chat/completions)")
+	fs.StringVar(&cl.Token, "token", os.Getenv("ANTHROPIC_AUTH_TOKEN"), "bearer token (default $ANTHROPIC_AUTH_TOKEN)")
+	fs.StringVar(&cl.SessionHeader, "session-header", "x-session-affinity", "session header of --api openai")
+	metrics := fs.String("metrics", "", "the replicas' metrics URLs, comma-separated (http://host:8000/metrics,...)")
+	speed := fs.Float64("speed", 1, "engine seconds per wall second (the emulator's --speed; 1 for real vLLM)")
+	var sw bench.CaddySwitcher
+	fs.StringVar(&sw.Admin, "admin", "", "Caddy's admin address: switch modes through LM Warden's admin API (and Caddy's config API with --lb-path)")
+	fs.StringVar(&sw.LBPath, "lb-path", "", "config API path of the reverse proxy's selection_policy, for the Caddy baselines")
+	tokenizer := fs.String("tokenizer", "emulator", "sizes texts with: emulator (its tokenizer) or bytes (4 bytes per token)")
+	label := fs.String("label", "direct", "without --admin: the mode name the report gives the single run")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if cl.BaseURL == "" {
+		return errors.New("--url is required")
+	}
+	stages, modes, err := c.parse()
+	if err != nil {
+		return err
+	}
+	cl.API = bench.API(*api)
+	hc := bench.HTTPConfig{
+		Client: cl, Workload: c.w, Stages: stages, Modes: modes,
+		StageLength: c.stageLength, Warmup: c.warmup, Speed: *speed,
+		Progress: os.Stderr, Policy: bench.PolicyOf,
+	}
+	if *tokenizer == "emulator" {
+		hc.Count = emulator.CountTokens
+	}
+	if *metrics != "" {
+		hc.Metrics = strings.Split(*metrics, ",")
+	}
+	if sw.Admin != "" {
+		sw.Model = c.w.Model
+		hc.SetMode = sw.SetMode
+	} else {
+		// Nothing to switch: one labelled mode, the router is whatever
+		// serves --url.
+		hc.Modes = []string{*label}
+		hc.Policy = func(string) string { return "external" }
+	}
+	rep, err := bench.RunHTTP(ctx, hc)
+	if rep != nil && len(rep.Stages) > 0 {
+		if ferr := finish(rep, c.out); ferr != nil && err == nil {
+			err = ferr
+		}
+	}
+	return err
+}

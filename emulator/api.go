@@ -113,6 +113,9 @@ type responder struct {
 
 func strp(s string) *string { return &s }
 
+// OutputText is the text of generated tokens, as the API returns it.
+func OutputText(toks []uint32) string { return tokensText(toks) }
+
 func tokensText(toks []uint32) string {
 	var b strings.Builder
 	for _, t := range toks {

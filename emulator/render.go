@@ -22,15 +22,31 @@ import (
 
 const billingHeaderPrefix = "x-anthropic-billing-header:"
 
+// GenerationPrompt ends every rendered prompt; the reply follows it.
+const GenerationPrompt = "<|im_start|>assistant\n"
+
+// TurnEnd closes a rendered message.
+const TurnEnd = "<|im_end|>\n"
+
+// RenderMessage renders one message the way the server renders prompts:
+// a conversation's prompt is RenderMessage("system", ...) (when there is a
+// system prompt), then RenderMessage(role, text) for each message, then
+// GenerationPrompt. The previous reply re-sent as an assistant message is
+// GenerationPrompt + reply + TurnEnd, token for token, so a simulation can
+// build the next turn's tokens by appending to the last prompt's.
+func RenderMessage(role, text string) string {
+	var b strings.Builder
+	renderTurn(&b, role, text)
+	return b.String()
+}
+
 func renderTurn(b *strings.Builder, role, content string) {
 	b.WriteString("<|im_start|>")
 	b.WriteString(role)
 	b.WriteString("\n")
 	b.WriteString(content)
-	b.WriteString("<|im_end|>\n")
+	b.WriteString(TurnEnd)
 }
-
-const generationPrompt = "<|im_start|>assistant\n"
 
 // compactJSON returns raw with insignificant space removed (raw when invalid).
 func compactJSON(raw json.RawMessage) string {
@@ -152,7 +168,7 @@ func (r *anthropicRequest) render() (string, error) {
 		}
 		renderTurn(&b, m.Role, c.String())
 	}
-	b.WriteString(generationPrompt)
+	b.WriteString(GenerationPrompt)
 	return b.String(), nil
 }
 
@@ -209,7 +225,7 @@ func (r *chatRequest) render() (string, error) {
 		}
 		renderTurn(&b, m.Role, c.String())
 	}
-	b.WriteString(generationPrompt)
+	b.WriteString(GenerationPrompt)
 	return b.String(), nil
 }
 

@@ -188,8 +188,12 @@ func (r *runner) loop(wake, quit, done chan struct{}) {
 func (r *runner) load() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.eng.Waiting()*4 + r.eng.Running()
+	return DPScore(r.eng.Waiting(), r.eng.Running())
 }
+
+// DPScore is vLLM's data-parallel balancing score: a request goes to the
+// engine with the lowest waiting×4 + running.
+func DPScore(waiting, running int) int { return waiting*4 + running }
 
 func (r *runner) sample() engineSample {
 	r.mu.Lock()

@@ -216,6 +216,11 @@ func (s *Server) Restart(i int) error {
 	if !rep.stopped {
 		return nil
 	}
+	for _, r := range rep.runners {
+		r.mu.Lock()
+		r.reset()
+		r.mu.Unlock()
+	}
 	if err := rep.start(); err != nil {
 		return err
 	}
@@ -454,6 +459,7 @@ func (rep *replica) pick(r *http.Request) (*runner, error) {
 		return rep.runners[k], nil
 	}
 	best, bestLoad := rep.runners[0], rep.runners[0].load()
+	// DPScore order; ties go to the lowest rank.
 	for _, run := range rep.runners[1:] {
 		if l := run.load(); l < bestLoad {
 			best, bestLoad = run, l

@@ -683,3 +683,37 @@ func TestControlHandler(t *testing.T) {
 		t.Fatalf("unknown replica: %d", c)
 	}
 }
+
+// A conversation's next turn hits the previous prompt and the reply.
+func TestMultiTurnHitsReply(t *testing.T) {
+	s := startServer(t, ServerConfig{})
+	u := s.URLs()[0]
+	msgs := []map[string]any{{"role": "user", "content": longText("m", 2000)}}
+	type result struct {
+		Content []struct {
+			Text string `json:"text"`
+		} `json:"content"`
+		Usage anUsage `json:"usage"`
+	}
+	turn := func() result {
+		resp := post(t, u+"/v1/messages", map[string]any{"model": "m", "max_tokens": 100, "system": "You are helpful.", "messages": msgs})
+		var r result
+		if err := json.NewDecoder(resp.Body).Decode(&r); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	r1 := turn()
+	prompt1 := *r1.Usage.InputTokens
+	msgs = append(msgs, map[string]any{"role": "assistant", "content": r1.Content[0].Text}, map[string]any{"role": "user", "content": "next question"})
+	r2 := turn()
+	want := (prompt1 + 100 - 1) / 16 * 16
+	if got := *r2.Usage.CacheReadInputTokens; got != want {
+		t.Fatalf("second turn cached %d, want %d (prompt %d + 100 output, whole blocks)", got, want, prompt1)
+	}
+	// The exported renderer gives the same token count as the server.
+	text := RenderMessage("system", "You are helpful.") + RenderMessage("user", msgs[0]["content"].(string)) + GenerationPrompt
+	if CountTokens(text) != prompt1 {
+		t.Fatalf("RenderMessage gives %d tokens, server counted %d", CountTokens(text), prompt1)
+	}
+}

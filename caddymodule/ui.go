@@ -259,7 +259,14 @@ func (s *uiServer) serveStatic(w http.ResponseWriter, r *http.Request, name stri
 func (s *uiServer) load(ctx context.Context, path string, into any) error {
 	status, body, err := s.fetch(ctx, path)
 	if err != nil {
-		return caddy.APIError{HTTPStatus: http.StatusBadGateway, Err: fmt.Errorf("reading %s: %w", path, err)}
+		var apiErr caddy.APIError
+		if errors.As(err, &apiErr) && apiErr.HTTPStatus != 0 {
+			return apiErr
+		}
+		if status < 400 {
+			status = http.StatusBadGateway
+		}
+		return caddy.APIError{HTTPStatus: status, Err: fmt.Errorf("reading %s: %w", path, err)}
 	}
 	if status != http.StatusOK {
 		var e struct {
@@ -662,9 +669,12 @@ var uiDefault = struct {
 	err  error
 }{}
 
+func init() {
+	uiHandler = caddy.AdminHandlerFunc(serveUI)
+}
+
 // serveUI serves GET /lm-warden/ and /lm-warden/ui/… on Caddy's admin
-// endpoint, reading the admin JSON in-process through the admin routes of
-// this package.
+// endpoint, reading the admin JSON in-process through serveAdminJSON.
 func serveUI(w http.ResponseWriter, r *http.Request) error {
 	uiDefault.once.Do(func() {
 		b, err := loadUIBundle(uiFiles)
@@ -672,81 +682,10 @@ func serveUI(w http.ResponseWriter, r *http.Request) error {
 			uiDefault.err = err
 			return
 		}
-		uiDefault.srv = &uiServer{bundle: b, fetch: fetchAdminInProcess, now: time.Now}
+		uiDefault.srv = &uiServer{bundle: b, fetch: serveAdminJSON, now: time.Now}
 	})
 	if uiDefault.err != nil {
 		return caddy.APIError{HTTPStatus: http.StatusInternalServerError, Err: uiDefault.err}
 	}
 	return uiDefault.srv.ServeHTTP(w, r)
-}
-
-// fetchAdminInProcess runs a GET for path through the admin routes that this
-// package registers (modules admin.api.lm_warden*), without a network round
-// trip, and returns what the admin endpoint would have answered.
-func fetchAdminInProcess(ctx context.Context, path string) (int, []byte, error) {
-	mux := http.NewServeMux()
-	for _, info := range caddy.GetModules("admin.api") {
-		if !strings.HasPrefix(string(info.ID), "admin.api.lm_warden") {
-			continue
-		}
-		router, ok := info.New().(caddy.AdminRouter)
-		if !ok {
-			continue
-		}
-		for _, route := range router.Routes() {
-			h := route.Handler
-			mux.HandleFunc(route.Pattern, func(w http.ResponseWriter, r *http.Request) {
-				if err := h.ServeHTTP(w, r); err != nil {
-					writeAdminError(w, err)
-				}
-			})
-		}
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, path, nil)
-	if err != nil {
-		return 0, nil, fmt.Errorf("building request for %s: %w", path, err)
-	}
-	rec := &uiRecorder{header: http.Header{}}
-	mux.ServeHTTP(rec, req)
-	if rec.status == 0 {
-		rec.status = http.StatusOK
-	}
-	return rec.status, rec.body.Bytes(), nil
-}
-
-// writeAdminError renders err the way Caddy's admin endpoint does.
-func writeAdminError(w http.ResponseWriter, err error) {
-	var apiErr caddy.APIError
-	if !errors.As(err, &apiErr) {
-		apiErr = caddy.APIError{HTTPStatus: http.StatusInternalServerError, Err: err}
-	}
-	if apiErr.HTTPStatus == 0 {
-		apiErr.HTTPStatus = http.StatusInternalServerError
-	}
-	if apiErr.Message == "" && apiErr.Err != nil {
-		apiErr.Message = apiErr.Err.Error()
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(apiErr.HTTPStatus)
-	_ = json.NewEncoder(w).Encode(apiErr)
-}
-
-// uiRecorder is a minimal in-memory http.ResponseWriter.
-type uiRecorder struct {
-	header http.Header
-	status int
-	body   bytes.Buffer
-}
-
-func (r *uiRecorder) Header() http.Header { return r.header }
-
-func (r *uiRecorder) WriteHeader(status int) {
-	if r.status == 0 {
-		r.status = status
-	}
-}
-
-func (r *uiRecorder) Write(b []byte) (int, error) {
-	r.WriteHeader(http.StatusOK)
-	return r.body.Write(b)
 }

@@ -5,6 +5,7 @@ import (
 	"compress/gzip"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -14,6 +15,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/caddyserver/caddy/v2"
 )
 
 // uiFixture serves admin JSON documents in the agreed shapes, the way
@@ -129,7 +132,7 @@ func uiTestMux(s *uiServer, f *uiFixture) http.Handler {
 	return mux
 }
 
-func get(t *testing.T, h http.Handler, path string, hdr ...string) *http.Response {
+func uiGet(t *testing.T, h http.Handler, path string, hdr ...string) *http.Response {
 	t.Helper()
 	req := httptest.NewRequest(http.MethodGet, path, nil)
 	for i := 0; i+1 < len(hdr); i += 2 {
@@ -140,7 +143,7 @@ func get(t *testing.T, h http.Handler, path string, hdr ...string) *http.Respons
 	return rec.Result()
 }
 
-func readAll(t *testing.T, resp *http.Response) string {
+func uiReadAll(t *testing.T, resp *http.Response) string {
 	t.Helper()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
@@ -165,8 +168,8 @@ func TestUIShellRoutes(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.path, func(t *testing.T) {
-			resp := get(t, h, tc.path)
-			body := readAll(t, resp)
+			resp := uiGet(t, h, tc.path)
+			body := uiReadAll(t, resp)
 			if resp.StatusCode != http.StatusOK {
 				t.Fatalf("status %d: %s", resp.StatusCode, body)
 			}
@@ -205,8 +208,8 @@ func TestUIAssets(t *testing.T) {
 	for name, ctype := range map[string]string{"app.js": "text/javascript; charset=utf-8", "app.css": "text/css; charset=utf-8"} {
 		t.Run(name, func(t *testing.T) {
 			a := s.bundle.assets[name]
-			resp := get(t, h, "/lm-warden/ui/-/"+name+"?v="+a.hash)
-			body := readAll(t, resp)
+			resp := uiGet(t, h, "/lm-warden/ui/-/"+name+"?v="+a.hash)
+			body := uiReadAll(t, resp)
 			if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != ctype {
 				t.Fatalf("status %d, type %q", resp.StatusCode, resp.Header.Get("Content-Type"))
 			}
@@ -216,11 +219,11 @@ func TestUIAssets(t *testing.T) {
 			if cc := resp.Header.Get("Cache-Control"); !strings.Contains(cc, "immutable") {
 				t.Errorf("versioned asset Cache-Control %q", cc)
 			}
-			if cc := get(t, h, "/lm-warden/ui/-/"+name+"?v=stale").Header.Get("Cache-Control"); cc != "no-cache" {
+			if cc := uiGet(t, h, "/lm-warden/ui/-/"+name+"?v=stale").Header.Get("Cache-Control"); cc != "no-cache" {
 				t.Errorf("stale version Cache-Control %q", cc)
 			}
 
-			gz := get(t, h, "/lm-warden/ui/-/"+name, "Accept-Encoding", "gzip, br")
+			gz := uiGet(t, h, "/lm-warden/ui/-/"+name, "Accept-Encoding", "gzip, br")
 			if gz.Header.Get("Content-Encoding") != "gzip" {
 				t.Fatalf("no gzip: %v", gz.Header)
 			}
@@ -234,12 +237,12 @@ func TestUIAssets(t *testing.T) {
 			}
 
 			etag := gz.Header.Get("ETag")
-			if again := get(t, h, "/lm-warden/ui/-/"+name, "Accept-Encoding", "gzip", "If-None-Match", etag); again.StatusCode != http.StatusNotModified {
+			if again := uiGet(t, h, "/lm-warden/ui/-/"+name, "Accept-Encoding", "gzip", "If-None-Match", etag); again.StatusCode != http.StatusNotModified {
 				t.Errorf("revalidation status %d", again.StatusCode)
 			}
 		})
 	}
-	if resp := get(t, h, "/lm-warden/ui/-/nope.js"); resp.StatusCode != http.StatusNotFound {
+	if resp := uiGet(t, h, "/lm-warden/ui/-/nope.js"); resp.StatusCode != http.StatusNotFound {
 		t.Errorf("unknown asset status %d", resp.StatusCode)
 	}
 }
@@ -278,11 +281,11 @@ func TestUIAssetsStrictCSP(t *testing.T) {
 	}
 }
 
-func decodeView[T any](t *testing.T, h http.Handler, path string) (T, *http.Response) {
+func uiDecodeView[T any](t *testing.T, h http.Handler, path string) (T, *http.Response) {
 	t.Helper()
 	var v T
-	resp := get(t, h, path)
-	body := readAll(t, resp)
+	resp := uiGet(t, h, path)
+	body := uiReadAll(t, resp)
 	if resp.StatusCode == http.StatusOK {
 		if err := json.Unmarshal([]byte(body), &v); err != nil {
 			t.Fatalf("%s: %v: %s", path, err, body)
@@ -298,7 +301,7 @@ func TestUIModelsView(t *testing.T) {
 	now := time.Now()
 	f := newUIFixture(now)
 	h := uiTestMux(newTestUIServer(t, f, now), f)
-	v, resp := decodeView[uiModelsView](t, h, "/lm-warden/ui/-/models.json")
+	v, resp := uiDecodeView[uiModelsView](t, h, "/lm-warden/ui/-/models.json")
 	if resp.StatusCode != http.StatusOK || len(v.Models) != 1 {
 		t.Fatalf("status %d, %d models", resp.StatusCode, len(v.Models))
 	}
@@ -372,7 +375,7 @@ func TestUICardView(t *testing.T) {
 				tc.change(&f.card)
 			}
 			h := uiTestMux(newTestUIServer(t, f, now), f)
-			v, resp := decodeView[uiCardView](t, h, "/lm-warden/ui/qwen3-4b/view.json")
+			v, resp := uiDecodeView[uiCardView](t, h, "/lm-warden/ui/qwen3-4b/view.json")
 			if resp.StatusCode != http.StatusOK {
 				t.Fatalf("status %d", resp.StatusCode)
 			}
@@ -405,7 +408,7 @@ func TestUIStatsView(t *testing.T) {
 	f := newUIFixture(now)
 	h := uiTestMux(newTestUIServer(t, f, now), f)
 
-	all, resp := decodeView[uiStatsView](t, h, "/lm-warden/ui/qwen3-4b/stats.json")
+	all, resp := uiDecodeView[uiStatsView](t, h, "/lm-warden/ui/qwen3-4b/stats.json")
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("status %d", resp.StatusCode)
 	}
@@ -435,7 +438,7 @@ func TestUIStatsView(t *testing.T) {
 		t.Errorf("axis top %v below the data", all.PromptMax.V)
 	}
 
-	one, resp := decodeView[uiStatsView](t, h, "/lm-warden/ui/qwen3-4b/stats.json?replica=127.0.0.1:8001")
+	one, resp := uiDecodeView[uiStatsView](t, h, "/lm-warden/ui/qwen3-4b/stats.json?replica=127.0.0.1:8001")
 	if resp.StatusCode != http.StatusOK || one.Replica != "127.0.0.1:8001" {
 		t.Fatalf("status %d, replica %q", resp.StatusCode, one.Replica)
 	}
@@ -451,7 +454,7 @@ func TestUIStatsView(t *testing.T) {
 		t.Errorf("replica share %v, want %v", got, want)
 	}
 
-	if _, resp := decodeView[uiStatsView](t, h, "/lm-warden/ui/qwen3-4b/stats.json?replica=nope"); resp.StatusCode != http.StatusNotFound {
+	if _, resp := uiDecodeView[uiStatsView](t, h, "/lm-warden/ui/qwen3-4b/stats.json?replica=nope"); resp.StatusCode != http.StatusNotFound {
 		t.Errorf("unknown replica status %d", resp.StatusCode)
 	}
 }
@@ -508,4 +511,18 @@ func TestAcceptsGzip(t *testing.T) {
 			t.Errorf("acceptsGzip(%q) = %v", tc.in, got)
 		}
 	}
+}
+
+// writeAdminError renders err the way Caddy's admin endpoint does.
+func writeAdminError(w http.ResponseWriter, err error) {
+	var apiErr caddy.APIError
+	if !errors.As(err, &apiErr) {
+		apiErr = caddy.APIError{HTTPStatus: http.StatusInternalServerError, Err: err}
+	}
+	if apiErr.Message == "" && apiErr.Err != nil {
+		apiErr.Message = apiErr.Err.Error()
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(apiErr.HTTPStatus)
+	_ = json.NewEncoder(w).Encode(apiErr)
 }

@@ -173,7 +173,9 @@
     }
     work.then(function () {
       status(true, stamp());
-      body.setAttribute("data-rendered", String(Number(body.getAttribute("data-rendered") || 0) + 1));
+      var n = Number(body.getAttribute("data-rendered") || 0) + 1;
+      if (n === 1 && window.performance && performance.mark) { performance.mark("lmw-first-render"); }
+      body.setAttribute("data-rendered", String(n));
     }, function (err) {
       status(false, "not updating: " + err.message);
     }).then(function () {

@@ -1,0 +1,616 @@
+package caddymodule
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	_ "github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	_ "github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	_ "github.com/caddyserver/caddy/v2/modules/filestorage"
+	"github.com/chromedp/chromedp"
+	"github.com/dustin/go-humanize"
+
+	"github.com/lmwarden/caddy-lmwarden/emulator"
+)
+
+// browserChromium is Debian's chromium, which scripts/test installs.
+const browserChromium = "/usr/bin/chromium"
+
+// newBrowserTab starts a headless chromium with a fresh profile and returns a
+// tab context bounded by timeout.
+func newBrowserTab(t *testing.T, timeout time.Duration) context.Context {
+	t.Helper()
+	if _, err := os.Stat(browserChromium); err != nil {
+		t.Skipf("browser test needs %s (apt-get install chromium): %v", browserChromium, err)
+	}
+	opts := []chromedp.ExecAllocatorOption{
+		chromedp.ExecPath(browserChromium),
+		chromedp.Headless,
+		chromedp.NoSandbox,
+		chromedp.DisableGPU,
+		chromedp.NoFirstRun,
+		chromedp.NoDefaultBrowserCheck,
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.Flag("disable-dev-shm-usage", true),
+		chromedp.Flag("disable-extensions", true),
+		chromedp.Flag("force-color-profile", "srgb"),
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.WindowSize(1280, 1000),
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	t.Cleanup(cancel)
+	actx, cancelAlloc := chromedp.NewExecAllocator(ctx, opts...)
+	t.Cleanup(cancelAlloc)
+	tab, cancelTab := chromedp.NewContext(actx)
+	t.Cleanup(cancelTab)
+	return tab
+}
+
+// browserArtifactDir is where screenshots go: $LMWARDEN_ARTIFACTS when set.
+func browserArtifactDir(t *testing.T) string {
+	t.Helper()
+	dir := os.Getenv("LMWARDEN_ARTIFACTS")
+	if dir == "" {
+		return t.TempDir()
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// browserCard is what the page shows, read back from the DOM.
+type browserCard struct {
+	Head     map[string]browserCell `json:"head"`
+	Since    browserCell            `json:"since"`
+	Replicas []struct {
+		ID    string                 `json:"id"`
+		Cells map[string]browserCell `json:"cells"`
+	} `json:"replicas"`
+	Actions    bool        `json:"actions"`
+	ChartPath  int         `json:"chartPath"`
+	GenPath    int         `json:"genPath"`
+	Points     string      `json:"points"`
+	ChartEmpty bool        `json:"chartEmpty"`
+	Share      browserCell `json:"share"`
+	Live       string      `json:"live"`
+}
+
+type browserCell struct {
+	V string `json:"v"`
+	T string `json:"t"`
+}
+
+const browserReadCardJS = `(() => {
+  const cell = el => el ? {v: el.getAttribute("data-v") || "", t: el.textContent} : {v: "", t: ""};
+  const head = {};
+  document.querySelectorAll("dd[id^=h-]").forEach(dd => { head[dd.id.slice(2)] = cell(dd); });
+  const replicas = [...document.querySelectorAll("#replicas tbody tr")].map(tr => {
+    const cells = {};
+    tr.querySelectorAll("[data-col]").forEach(td => { cells[td.dataset.col] = cell(td); });
+    return {id: tr.dataset.key, cells};
+  });
+  return {
+    head, replicas, since: cell(document.getElementById("since")),
+    actions: !document.getElementById("actions").hidden,
+    chartPath: (document.getElementById("p-cached").getAttribute("d") || "").length,
+    genPath: (document.getElementById("p-generated").getAttribute("d") || "").length,
+    points: document.getElementById("prompt-chart").getAttribute("data-points") || "",
+    chartEmpty: document.getElementById("prompt-chart").classList.contains("empty"),
+    share: cell(document.getElementById("share")),
+    live: document.getElementById("live").textContent,
+  };
+})()`
+
+func browserRendered(ctx context.Context) (int, error) {
+	s, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.body.getAttribute("data-rendered") || "0"`))
+	if err != nil {
+		return 0, err
+	}
+	return strconv.Atoi(s)
+}
+
+// browserWaitRenders waits until the page has browserRendered n more times than now.
+func browserWaitRenders(t *testing.T, ctx context.Context, n int) {
+	t.Helper()
+	start, err := browserRendered(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := chromedp.Run(ctx, chromedp.Poll[bool](
+		fmt.Sprintf(`Number(document.body.getAttribute("data-rendered") || 0) >= %d`, start+n),
+		chromedp.WithPollingInterval(50*time.Millisecond), chromedp.WithPollingTimeout(20*time.Second))); err != nil {
+		live, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`document.getElementById("live").textContent`))
+		t.Fatalf("page did not refresh (%q): %v", live, err)
+	}
+}
+
+// browserExpectCard checks that the DOM shows exactly the admin card: raw values
+// in data-v and the humanised text.
+func browserExpectCard(t *testing.T, got browserCard, want uiCardDoc) {
+	t.Helper()
+	fnum := func(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }
+	pctText := func(f float64) string { return humanize.FtoaWithDigits(f*100, 1) + "%" }
+	check := func(what string, c browserCell, v, text string) {
+		t.Helper()
+		if c.V != v || c.T != text {
+			t.Errorf("%s shows v=%q t=%q, admin JSON says v=%q t=%q", what, c.V, c.T, v, text)
+		}
+	}
+	aff := "off"
+	if want.Affinity {
+		aff = "on"
+	}
+	spillText := strconv.Itoa(want.SpillThreshold)
+	if want.SpillAuto {
+		spillText += " (auto)"
+	}
+	check("affinity", got.Head["affinity"], strconv.FormatBool(want.Affinity), aff)
+	check("spill threshold", got.Head["spill"], strconv.Itoa(want.SpillThreshold), spillText)
+	check("sticky", got.Head["sticky"], fnum(want.StickyPct), humanize.FtoaWithDigits(want.StickyPct, 1)+"%")
+	check("in flight", got.Head["in_flight"], strconv.Itoa(want.InFlight), humanize.Comma(int64(want.InFlight)))
+	check("requests", got.Head["requests"], strconv.FormatUint(want.Requests, 10), humanize.Comma(int64(want.Requests)))
+	check("bindings", got.Head["bindings"], strconv.Itoa(want.Bindings), humanize.Comma(int64(want.Bindings)))
+	if !strings.HasPrefix(got.Since.T, "counters since "+want.Since.UTC().Format("2006-01-02 15:04:05 UTC")) {
+		t.Errorf("since line %q, admin since %v", got.Since.T, want.Since)
+	}
+	if got.Actions != want.Writable {
+		t.Errorf("actions shown %v, writable %v", got.Actions, want.Writable)
+	}
+	if len(got.Replicas) != len(want.Replicas) {
+		t.Fatalf("%d rows, admin JSON has %d replicas", len(got.Replicas), len(want.Replicas))
+	}
+	for i, w := range want.Replicas {
+		g := got.Replicas[i]
+		if g.ID != w.ID {
+			t.Errorf("row %d is %q, admin JSON %q", i, g.ID, w.ID)
+			continue
+		}
+		c := g.Cells
+		check(w.ID+" held", c["held"], strconv.Itoa(w.Held), humanize.Comma(int64(w.Held)))
+		check(w.ID+" sticky", c["sticky"], strconv.FormatUint(w.Sticky, 10), humanize.Comma(int64(w.Sticky)))
+		check(w.ID+" spill-accepted", c["spill_accepted"], strconv.FormatUint(w.SpillAccepted, 10), humanize.Comma(int64(w.SpillAccepted)))
+		check(w.ID+" client-pinned", c["client_pinned"], strconv.FormatUint(w.ClientPinned, 10), humanize.Comma(int64(w.ClientPinned)))
+		check(w.ID+" running/waiting", c["run_wait"], "["+fnum(w.Running)+","+fnum(w.Waiting)+"]",
+			fmt.Sprintf("%d / %d", int(w.Running), int(w.Waiting)))
+		check(w.ID+" KV", c["kv"], fnum(w.KVUsage), pctText(w.KVUsage))
+		check(w.ID+" prefix hit rate", c["hit"], fnum(w.PrefixHitRate), pctText(w.PrefixHitRate))
+		check(w.ID+" bindings", c["bindings"], strconv.Itoa(w.Bindings), fmt.Sprintf("%d (%d active)", w.Bindings, w.Active))
+		if w.Reachable {
+			check(w.ID+" status", c["state"], "reachable", map[bool]string{true: "reachable", false: "reachable, marked unavailable by the proxy"}[w.Available])
+		} else if c["state"].V != "unreachable" || (w.LastError != "" && !strings.HasPrefix(c["state"].T, w.LastError)) {
+			t.Errorf("%s status %+v, admin JSON last error %q", w.ID, c["state"], w.LastError)
+		}
+	}
+}
+
+func browserReadCard(t *testing.T, ctx context.Context) browserCard {
+	t.Helper()
+	got, err := chromedp.Run(ctx, chromedp.Evaluate[browserCard](browserReadCardJS))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
+// browserPerf is what the browser measured for the page load.
+type browserPerf struct {
+	Resources []struct {
+		Name     string  `json:"name"`
+		Transfer float64 `json:"transfer"`
+		Encoded  float64 `json:"encoded"`
+		Decoded  float64 `json:"decoded"`
+	} `json:"resources"`
+	DOMContentLoaded float64 `json:"dcl"`
+	Load             float64 `json:"load"`
+	FirstRender      float64 `json:"firstRender"`
+}
+
+const browserPerfJS = `(() => {
+  const nav = performance.getEntriesByType("navigation")[0];
+  const res = [nav, ...performance.getEntriesByType("resource")].map(e => ({
+    name: e.name, transfer: e.transferSize, encoded: e.encodedBodySize, decoded: e.decodedBodySize}));
+  const mark = performance.getEntriesByName("lmw-first-render")[0];
+  return {resources: res, dcl: nav.domContentLoadedEventEnd, load: nav.loadEventEnd, firstRender: mark ? mark.startTime : -1};
+})()`
+
+// browserLogPerf logs the page's weight and timing: the bytes of the first load
+// (HTML, CSS, JS and the first view documents) and when the first numbers
+// were on screen.
+func browserLogPerf(t *testing.T, ctx context.Context) browserPerf {
+	t.Helper()
+	p, err := chromedp.Run(ctx, chromedp.Evaluate[browserPerf](browserPerfJS))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var transfer, encoded, decoded float64
+	seen := map[string]bool{}
+	for _, r := range p.Resources {
+		base := r.Name
+		if i := strings.IndexByte(base, '?'); i >= 0 && !strings.Contains(base, "stats.json") {
+			base = base[:i]
+		}
+		if seen[base] { // count each document once (the first fetch)
+			continue
+		}
+		seen[base] = true
+		transfer += r.Transfer
+		encoded += r.Encoded
+		decoded += r.Decoded
+		t.Logf("page weight: %-60s %6.0f B body (%6.0f B decoded), %6.0f B on the wire", r.Name, r.Encoded, r.Decoded, r.Transfer)
+	}
+	t.Logf("page weight: total %.0f B on the wire, %.0f B bodies as sent, %.0f B decoded", transfer, encoded, decoded)
+	t.Logf("render time: DOMContentLoaded %.1f ms, load %.1f ms, first numbers on screen %.1f ms", p.DOMContentLoaded, p.Load, p.FirstRender)
+	return p
+}
+
+func browserScreenshot(t *testing.T, ctx context.Context, name string) string {
+	t.Helper()
+	buf, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(buf) < 1000 || !bytes.HasPrefix(buf, []byte("\x89PNG")) {
+		t.Fatalf("screenshot is not a PNG (%d bytes)", len(buf))
+	}
+	path := filepath.Join(browserArtifactDir(t), name)
+	if err := os.WriteFile(path, buf, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("screenshot: %s (%d bytes)", path, len(buf))
+	return path
+}
+
+// TestBrowserPageFixture renders the page from fixture admin documents in a
+// real browser: the numbers, the chart, the actions, the narrow layout.
+func TestBrowserPageFixture(t *testing.T) {
+	ctx := newBrowserTab(t, 60*time.Second)
+	now := time.Now()
+	f := newUIFixture(now)
+	b, err := loadUIBundle(uiFiles)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &uiServer{bundle: b, fetch: f.fetch, now: time.Now}
+	ts := httptest.NewServer(uiTestMux(s, f))
+	t.Cleanup(ts.Close)
+
+	// The models list links to the card.
+	if err := chromedp.Do(ctx, chromedp.Navigate(ts.URL+"/lm-warden/")); err != nil {
+		t.Fatal(err)
+	}
+	browserWaitRenders(t, ctx, 1)
+	row, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](
+		`[...document.querySelectorAll("#models tbody tr > *")].map(c => c.textContent)`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"qwen3-4b", "on", "8 (auto)", "100%", "3", "4 of 4 reachable", "12", "78%"}; strings.Join(row, "|") != strings.Join(want, "|") {
+		t.Errorf("models row %q, want %q", row, want)
+	}
+	browserFollow(t, ctx, `#models a`, "/lm-warden/ui/qwen3-4b")
+	browserWaitRenders(t, ctx, 1)
+	browserExpectCard(t, browserReadCard(t, ctx), f.card)
+
+	// The affinity toggle writes through the admin JSON and the card follows.
+	if err := chromedp.Do(ctx, chromedp.Click(chromedp.ID("toggle-affinity"))); err != nil {
+		t.Fatal(err)
+	}
+	browserWaitRenders(t, ctx, 2)
+	f.mu.Lock()
+	aff := f.card.Affinity
+	f.mu.Unlock()
+	if got := browserReadCard(t, ctx); aff || got.Head["affinity"].T != "off" {
+		t.Errorf("after the toggle: admin affinity %v, page %q", aff, got.Head["affinity"].T)
+	}
+
+	// Read-only admin: no actions.
+	f.mu.Lock()
+	f.card.Writable = false
+	f.mu.Unlock()
+	browserWaitRenders(t, ctx, 1)
+	if browserReadCard(t, ctx).Actions {
+		t.Error("actions shown while the admin API is read-only")
+	}
+
+	// Per-replica chart.
+	if err := chromedp.Do(ctx, chromedp.SetValue(chromedp.ID("replica-pick"), "127.0.0.1:8001"),
+		chromedp.Evaluate[chromedp.Void](`document.getElementById("replica-pick").dispatchEvent(new Event("change"))`)); err != nil {
+		t.Fatal(err)
+	}
+	one, _ := buildStatsView(f.stats, "127.0.0.1:8001")
+	if _, err := chromedp.Run(ctx, chromedp.Poll[bool](fmt.Sprintf(`document.getElementById("share").textContent === %q`, one.Share.T),
+		chromedp.WithPollingTimeout(10*time.Second))); err != nil {
+		t.Errorf("per-replica share %q never shown: %v", one.Share.T, err)
+	}
+
+	// A narrow window scrolls the table, not the page.
+	if err := chromedp.Do(ctx, chromedp.EmulateViewport(420, 900)); err != nil {
+		t.Fatal(err)
+	}
+	browserWaitRenders(t, ctx, 1)
+	layout, err := chromedp.Run(ctx, chromedp.Evaluate[map[string]float64](`(() => {
+	  const sc = document.querySelector(".scroll");
+	  return {scrollW: sc.scrollWidth, clientW: sc.clientWidth, docW: document.documentElement.scrollWidth, vw: window.innerWidth};
+	})()`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if layout["scrollW"] <= layout["clientW"] || layout["docW"] > layout["vw"] {
+		t.Errorf("narrow layout: table %v in %v, document %v in viewport %v", layout["scrollW"], layout["clientW"], layout["docW"], layout["vw"])
+	}
+	browserScreenshot(t, ctx, "routing-card-fixture-narrow.png")
+}
+
+// browserFollow clicks the link sel and waits for the page at path to load.
+func browserFollow(t *testing.T, ctx context.Context, sel, path string) {
+	t.Helper()
+	resp, err := chromedp.RunResponse(ctx, chromedp.Click(chromedp.CSS(sel)))
+	if err != nil {
+		t.Fatalf("following %s: %v", sel, err)
+	}
+	if resp == nil || resp.Status != http.StatusOK || !strings.HasSuffix(resp.URL, path) {
+		t.Fatalf("following %s: %+v", sel, resp)
+	}
+}
+
+// browserFreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+func browserFreePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// browserConversation sends the turns of one coding-agent browserConversation through the
+// proxy, each turn resending the whole history, as Claude Code does.
+func browserConversation(ctx context.Context, client *http.Client, url, session string, turns int) error {
+	system := strings.Repeat("You are a careful coding agent working in a Go repository. ", 60)
+	msgs := []map[string]string{{"role": "system", "content": system},
+		{"role": "user", "content": "Session " + session + ": " + strings.Repeat("read the package and list its exported names. ", 40)}}
+	for turn := range turns {
+		body, _ := json.Marshal(map[string]any{"model": "qwen3-4b", "messages": msgs, "max_tokens": 48})
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/chat/completions", bytes.NewReader(body))
+		if err != nil {
+			return err
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("X-Claude-Code-Session-Id", session)
+		resp, err := client.Do(req)
+		if err != nil {
+			return fmt.Errorf("session %s turn %d: %w", session, turn, err)
+		}
+		var out struct {
+			Choices []struct {
+				Message struct {
+					Content string `json:"content"`
+				} `json:"message"`
+			} `json:"choices"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&out)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != http.StatusOK || len(out.Choices) == 0 {
+			return fmt.Errorf("session %s turn %d: status %d: %v", session, turn, resp.StatusCode, err)
+		}
+		msgs = append(msgs, map[string]string{"role": "assistant", "content": out.Choices[0].Message.Content},
+			map[string]string{"role": "user", "content": strings.Repeat("now fix the failing test in turn "+strconv.Itoa(turn)+". ", 20)})
+	}
+	return nil
+}
+
+func browserGetAdmin(t *testing.T, url string, into any) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %d %s", url, resp.StatusCode, body)
+	}
+	if err := json.Unmarshal(body, into); err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+}
+
+// browserStableCard reads the admin card until two reads a poll interval apart
+// agree on every number the page shows: the traffic has stopped and the
+// poller has caught up.
+func browserStableCard(t *testing.T, url string) uiCardDoc {
+	t.Helper()
+	key := func(c uiCardDoc) string {
+		c.Since = time.Time{}
+		for i := range c.Replicas {
+			c.Replicas[i].LastSeen = time.Time{}
+		}
+		b, _ := json.Marshal(c)
+		return string(b)
+	}
+	var prev uiCardDoc
+	browserGetAdmin(t, url, &prev)
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		time.Sleep(700 * time.Millisecond)
+		var cur uiCardDoc
+		browserGetAdmin(t, url, &cur)
+		idle := cur.InFlight == 0
+		for _, r := range cur.Replicas {
+			idle = idle && r.Running == 0 && r.Waiting == 0 && r.Reachable
+		}
+		if idle && key(cur) == key(prev) {
+			return cur
+		}
+		prev = cur
+	}
+	t.Fatalf("admin card never settled: %+v", prev)
+	return prev
+}
+
+// TestBrowserRoutingCard runs Caddy with the module in front of four
+// emulated replicas, drives conversations through it, freezes the traffic
+// and checks in chromium that the page shows what the admin JSON says.
+func TestBrowserRoutingCard(t *testing.T) {
+	ctx := newBrowserTab(t, 150*time.Second)
+
+	emu, err := emulator.NewServer(emulator.ServerConfig{Replicas: 4, Speed: 40, Model: "qwen3-4b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = emu.Close() })
+
+	adminPort, httpPort := browserFreePort(t), browserFreePort(t)
+	var upstreams []string
+	for _, u := range emu.URLs() {
+		upstreams = append(upstreams, strings.TrimPrefix(u, "http://"))
+	}
+	// Browsers send Sec-Fetch-Mode on every request, so Caddy's admin
+	// endpoint checks Origin (or Referer); a typed-in URL has neither. The
+	// empty origin "" lets such a navigation open the page.
+	caddyfile := fmt.Sprintf(`{
+	admin 127.0.0.1:%[1]d {
+		origins 127.0.0.1:%[1]d localhost:%[1]d ""
+	}
+	persist_config off
+	auto_https off
+	storage file_system %[3]s
+}
+
+http://127.0.0.1:%[2]d {
+	lm_warden
+	reverse_proxy %[4]s {
+		lb_policy lm_warden {
+			model qwen3-4b
+			max_num_seqs 32
+			poll_interval 250ms
+			poll_timeout 200ms
+		}
+		flush_interval -1
+	}
+}
+`, adminPort, httpPort, t.TempDir(), strings.Join(upstreams, " "))
+	cfgJSON, warnings, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), map[string]any{"filename": "Caddyfile"})
+	if err != nil {
+		t.Fatalf("adapting Caddyfile: %v\n%s", err, caddyfile)
+	}
+	for _, w := range warnings {
+		t.Logf("Caddyfile: %s", w.String())
+	}
+	if err := caddy.Load(cfgJSON, true); err != nil {
+		t.Fatalf("loading Caddy: %v", err)
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+	admin := fmt.Sprintf("http://127.0.0.1:%d", adminPort)
+	site := fmt.Sprintf("http://127.0.0.1:%d", httpPort)
+
+	// Traffic: 8 conversations of 4 turns, bounded in count and time.
+	tctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	client := &http.Client{Timeout: 30 * time.Second}
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for i := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := browserConversation(tctx, client, site, fmt.Sprintf("conv-%02d", i), 4); err != nil {
+				errs <- err
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+
+	cardURL := admin + "/lm-warden/models/qwen3-4b"
+	want := browserStableCard(t, cardURL)
+	if want.Requests != 32 {
+		t.Errorf("admin card counts %d requests, sent 32", want.Requests)
+	}
+
+	// Open the list as a user would (a typed URL), then the card.
+	resp, err := chromedp.Run(ctx, chromedp.NavigateResponse(admin+"/lm-warden/"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Status != http.StatusOK {
+		t.Fatalf("GET /lm-warden/ in the browser: %d", resp.Status)
+	}
+	browserWaitRenders(t, ctx, 1)
+	browserFollow(t, ctx, `#models a`, "/lm-warden/ui/qwen3-4b")
+	browserWaitRenders(t, ctx, 2)
+	browserLogPerf(t, ctx)
+
+	// The numbers equal the admin JSON read at the same moment.
+	var before, after uiCardDoc
+	browserGetAdmin(t, cardURL, &before)
+	browserWaitRenders(t, ctx, 1)
+	got := browserReadCard(t, ctx)
+	browserGetAdmin(t, cardURL, &after)
+	if want.Requests != before.Requests || before.Requests != after.Requests {
+		t.Fatalf("traffic did not stay frozen: %d, %d, %d requests", want.Requests, before.Requests, after.Requests)
+	}
+	browserExpectCard(t, got, after)
+	if !strings.HasPrefix(got.Live, "live") {
+		t.Errorf("live indicator %q", got.Live)
+	}
+
+	// The chart has data, and the headline is the admin's hour share.
+	var stats uiStatsDoc
+	browserGetAdmin(t, cardURL+"/stats", &stats)
+	if got.ChartEmpty || got.ChartPath < 100 || got.GenPath < 100 || got.Points == "" || got.Points == "0" {
+		t.Errorf("chart has no data: path %d/%d chars, %s points, empty=%v", got.ChartPath, got.GenPath, got.Points, got.ChartEmpty)
+	}
+	if wantShare := humanize.FtoaWithDigits(stats.HourCachedShare*100, 1) + "%"; got.Share.T != wantShare {
+		t.Errorf("cached share shows %q, admin JSON %q", got.Share.T, wantShare)
+	}
+	if stats.HourCachedShare <= 0 {
+		t.Errorf("no cached tokens in the hour after repeated turns: %+v", stats.Totals)
+	}
+
+	path := browserScreenshot(t, ctx, "routing-card.png")
+	if out := os.Getenv("LMWARDEN_SCREENSHOT_OUT"); out != "" {
+		buf, _ := os.ReadFile(path)
+		if err := os.WriteFile(out, buf, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("screenshot copied to %s", out)
+	}
+
+	// The affinity toggle goes through Caddy's origin check and takes effect.
+	if err := chromedp.Do(ctx, chromedp.Click(chromedp.ID("toggle-affinity"))); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := chromedp.Run(ctx, chromedp.Poll[bool](`document.getElementById("h-affinity").textContent === "off"`,
+		chromedp.WithPollingTimeout(10*time.Second))); err != nil {
+		msg, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`document.getElementById("action-msg").textContent`))
+		t.Fatalf("affinity toggle: %v (%s)", err, msg)
+	}
+	var offCard uiCardDoc
+	browserGetAdmin(t, cardURL, &offCard)
+	if offCard.Affinity {
+		t.Error("admin JSON still says affinity on after the toggle")
+	}
+}

@@ -70,6 +70,7 @@ type replica struct {
 
 	mu      sync.Mutex
 	srv     *http.Server
+	ln      net.Listener
 	stopped bool
 	hang    chan struct{} // non-nil while /metrics hangs; closed to release
 
@@ -134,6 +135,7 @@ func (rep *replica) start() error {
 		return fmt.Errorf("emulator: replica %d: %w", rep.index, err)
 	}
 	rep.addr = ln.Addr().String()
+	rep.ln = ln
 	for _, r := range rep.runners {
 		r.startLoop()
 	}
@@ -241,6 +243,7 @@ func (rep *replica) stop() {
 	}
 	if rep.srv != nil {
 		rep.srv.Close()
+		rep.ln.Close() // Serve may not have taken the listener yet
 	}
 	for _, r := range rep.runners {
 		r.stopLoop()

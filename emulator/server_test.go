@@ -674,7 +674,7 @@ func TestControlHandler(t *testing.T) {
 		t.Fatalf("stop: %d", c)
 	}
 	if c := do("POST", "/replicas/0/restart"); c != 200 || s.Stopped(0) {
-		t.Fatalf("restart: %d", c)
+		t.Fatalf("restart: %d %v", c, s.Restart(0))
 	}
 	if c := do("POST", "/engines/1/slow?factor=3"); c != 200 {
 		t.Fatalf("slow: %d", c)

@@ -85,3 +85,19 @@ func BenchmarkTokenize(b *testing.B) {
 		Tokenize(text)
 	}
 }
+
+func FuzzParseGen(f *testing.F) {
+	f.Add(uint8(0), `{"messages":[{"role":"user","content":"hi"}],"max_tokens":3}`)
+	f.Add(uint8(1), `{"prompt":["a"],"max_tokens":3}`)
+	f.Add(uint8(1), `{"prompt":[1,2,3]}`)
+	f.Add(uint8(2), `{"max_tokens":3,"system":[{"type":"text","text":"s"}],"messages":[{"role":"user","content":[{"type":"tool_result","content":[{"type":"text","text":"x"}]}]}]}`)
+	f.Fuzz(func(t *testing.T, kind uint8, body string) {
+		g, err := parseGen(apiKind(kind%3), strings.NewReader(body))
+		if err != nil {
+			return
+		}
+		if g.kind != apiCompletion && !strings.HasSuffix(g.text, GenerationPrompt) {
+			t.Fatalf("rendered prompt does not end with the generation prompt: %q", g.text)
+		}
+	})
+}

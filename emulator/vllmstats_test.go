@@ -1,6 +1,7 @@
 package emulator
 
 import (
+	"io"
 	"net/http"
 	"testing"
 
@@ -43,5 +44,42 @@ func TestMetricsReadByVllmstats(t *testing.T) {
 	}
 	if got["1"].PrefixHits == 0 || got["0"].PrefixQueries != 0 {
 		t.Fatalf("hits on the wrong engine: %+v %+v", got["0"], got["1"])
+	}
+}
+
+// The project's usage reader gets prompt and cached tokens from every
+// response shape the emulator writes.
+func TestUsageReadByVllmstats(t *testing.T) {
+	s := startServer(t, ServerConfig{})
+	u := s.URLs()[0]
+	user := longText("u", 1200)
+	anth := func(stream bool) map[string]any {
+		return map[string]any{"model": "m", "max_tokens": 5, "stream": stream, "system": "sys", "messages": []map[string]any{{"role": "user", "content": user}}}
+	}
+	tests := []struct {
+		name   string
+		path   string
+		api    vllmstats.API
+		stream bool
+		body   map[string]any
+	}{
+		{"chat json", "/v1/chat/completions", vllmstats.APIOpenAI, false, chatBody(user, 5, false)},
+		{"chat sse", "/v1/chat/completions", vllmstats.APIOpenAI, true, chatBody(user, 5, true)},
+		{"messages json", "/v1/messages", vllmstats.APIAnthropic, false, anth(false)},
+		{"messages sse", "/v1/messages", vllmstats.APIAnthropic, true, anth(true)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			post(t, u+tt.path, tt.body) // warm the cache
+			resp := post(t, u+tt.path, tt.body)
+			p := vllmstats.NewUsageParser(tt.api, tt.stream)
+			if _, err := io.Copy(p, resp.Body); err != nil {
+				t.Fatal(err)
+			}
+			got := p.Usage()
+			if !got.Measured || !got.CachedMeasured || got.CompletionTokens != 5 || got.CachedTokens == 0 || got.CachedTokens != (got.PromptTokens-1)/16*16 {
+				t.Fatalf("usage %+v", got)
+			}
+		})
 	}
 }

@@ -197,7 +197,9 @@ func (s *Server) engine(i int) (*runner, error) {
 }
 
 // Stop stops replica i: its port refuses connections, open requests fail,
-// and its engines lose their cache and counters.
+// and its engines lose their cache and counters. With data parallel the
+// one replica (0) holds every engine, and they stop together, as a vLLM
+// server does when an engine dies.
 func (s *Server) Stop(i int) error {
 	rep, err := s.replica(i)
 	if err != nil {
@@ -581,7 +583,11 @@ func (rep *replica) generate(w http.ResponseWriter, r *http.Request, path string
 	st := newStream()
 	req := &EngineRequest{ID: rep.s.newID(), Prompt: prompt, MaxTokens: maxTokens, Data: st}
 	run.mu.Lock()
-	run.eng.AdvanceTo(run.engineNowWall()) // an idle engine catches up with the wall clock
+	if run.eng.Idle() {
+		// An idle engine's clock catches up with the wall clock; a busy
+		// one's runs step by step.
+		run.eng.AdvanceTo(run.engineNowWall())
+	}
 	err = run.eng.Add(req)
 	run.mu.Unlock()
 	if err != nil {

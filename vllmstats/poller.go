@@ -47,8 +47,9 @@ type PollerConfig struct {
 	Client *http.Client
 	// Logger defaults to a no-op logger.
 	Logger *zap.Logger
-	// OnSnapshot, when set, is called after every poll round (and after
-	// SetTargets) from the poller's goroutine with the new snapshot.
+	// OnSnapshot, when set, is called with the new snapshot after every poll
+	// round (from the poller's goroutine) and after SetTargets (from its
+	// caller's). It must not block for long: the next round waits for it.
 	OnSnapshot func(*Snapshot)
 }
 

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -384,7 +385,7 @@ func browserFreePort(t *testing.T) int {
 
 // browserConversation sends the turns of one coding-agent browserConversation through the
 // proxy, each turn resending the whole history, as Claude Code does.
-func browserConversation(ctx context.Context, client *http.Client, url, session string, turns int) error {
+func browserConversation(ctx context.Context, client *http.Client, url, session string, turns int, sent *atomic.Uint64) error {
 	system := strings.Repeat("You are a careful coding agent working in a Go repository. ", 60)
 	msgs := []map[string]string{{"role": "system", "content": system},
 		{"role": "user", "content": "Session " + session + ": " + strings.Repeat("read the package and list its exported names. ", 40)}}
@@ -400,6 +401,7 @@ func browserConversation(ctx context.Context, client *http.Client, url, session 
 		if err != nil {
 			return fmt.Errorf("session %s turn %d: %w", session, turn, err)
 		}
+		sent.Add(1)
 		var out struct {
 			Choices []struct {
 				Message struct {
@@ -467,13 +469,29 @@ func browserStableCard(t *testing.T, url string) uiCardDoc {
 	return prev
 }
 
+// browserTraffic is how long the workers keep starting conversations:
+// LMWARDEN_BROWSER_TRAFFIC (a duration up to 30m), or 0 for one each.
+func browserTraffic(t *testing.T) time.Duration {
+	t.Helper()
+	v := os.Getenv("LMWARDEN_BROWSER_TRAFFIC")
+	if v == "" {
+		return 0
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < 0 || d > 30*time.Minute {
+		t.Fatalf("LMWARDEN_BROWSER_TRAFFIC=%q: want a duration up to 30m", v)
+	}
+	return d
+}
+
 // TestBrowserRoutingCard runs Caddy with the module in front of four
 // emulated replicas, drives conversations through it, freezes the traffic
 // and checks in chromium that the page shows what the admin JSON says.
 func TestBrowserRoutingCard(t *testing.T) {
-	ctx := newBrowserTab(t, 150*time.Second)
+	long := browserTraffic(t)
+	ctx := newBrowserTab(t, 150*time.Second+long)
 
-	emu, err := emulator.NewServer(emulator.ServerConfig{Replicas: 4, Speed: 40, Model: "qwen3-4b"})
+	emu, err := emulator.NewServer(emulator.ServerConfig{Replicas: 4, Speed: 1, Model: "qwen3-4b"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -523,45 +541,73 @@ http://127.0.0.1:%[2]d {
 	admin := fmt.Sprintf("http://127.0.0.1:%d", adminPort)
 	site := fmt.Sprintf("http://127.0.0.1:%d", httpPort)
 
-	// Traffic: 8 conversations of 4 turns, bounded in count and time.
-	tctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	cardURL := admin + "/lm-warden/models/qwen3-4b"
+
+	// A typed-in URL, cold cache: the card with all its assets.
+	resp, err := chromedp.Run(ctx, chromedp.NavigateResponse(admin+"/lm-warden/ui/qwen3-4b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Status != http.StatusOK {
+		t.Fatalf("GET /lm-warden/ui/qwen3-4b in the browser: %d", resp.Status)
+	}
+	browserWaitRenders(t, ctx, 1)
+	browserLogPerf(t, ctx)
+
+	// Traffic: 8 workers, each running conversations of 4 turns; one
+	// conversation each unless LMWARDEN_BROWSER_TRAFFIC asks for a longer
+	// run (for the README screenshot). Bounded in count and time.
+	tctx, cancel := context.WithTimeout(context.Background(), 60*time.Second+long)
 	defer cancel()
 	client := &http.Client{Timeout: 30 * time.Second}
 	var wg sync.WaitGroup
+	var sent atomic.Uint64
 	errs := make(chan error, 8)
+	stopAt := time.Now().Add(long)
 	for i := range 8 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := browserConversation(tctx, client, site, fmt.Sprintf("conv-%02d", i), 4); err != nil {
-				errs <- err
+			for n := 0; n < 1000; n++ {
+				if err := browserConversation(tctx, client, site, fmt.Sprintf("conv-%02d-%d", i, n), 4, &sent); err != nil {
+					errs <- err
+					return
+				}
+				if time.Now().After(stopAt) {
+					return
+				}
 			}
 		}()
 	}
-	wg.Wait()
+	// The page refreshes while the traffic runs; a screenshot of it under load.
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	liveShot := ""
+	for caught := false; !caught; {
+		select {
+		case <-done:
+			caught = true
+			t.Log("the traffic ended before a refresh showed requests in flight")
+		case <-time.After(250 * time.Millisecond):
+			if time.Now().Before(stopAt.Add(-10 * time.Second)) {
+				continue // a long run is shown near its end, with the hour's chart filled in
+			}
+			if v := browserReadCard(t, ctx).Head["in_flight"].V; v != "0" && v != "" {
+				caught = true
+				liveShot = browserScreenshot(t, ctx, "routing-card-live.png")
+			}
+		}
+	}
+	<-done
 	close(errs)
 	for err := range errs {
 		t.Fatal(err)
 	}
 
-	cardURL := admin + "/lm-warden/models/qwen3-4b"
 	want := browserStableCard(t, cardURL)
-	if want.Requests != 32 {
-		t.Errorf("admin card counts %d requests, sent 32", want.Requests)
+	if want.Requests != sent.Load() {
+		t.Errorf("admin card counts %d requests, sent %d", want.Requests, sent.Load())
 	}
-
-	// Open the list as a user would (a typed URL), then the card.
-	resp, err := chromedp.Run(ctx, chromedp.NavigateResponse(admin+"/lm-warden/"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if resp.Status != http.StatusOK {
-		t.Fatalf("GET /lm-warden/ in the browser: %d", resp.Status)
-	}
-	browserWaitRenders(t, ctx, 1)
-	browserFollow(t, ctx, `#models a`, "/lm-warden/ui/qwen3-4b")
-	browserWaitRenders(t, ctx, 2)
-	browserLogPerf(t, ctx)
 
 	// The numbers equal the admin JSON read at the same moment.
 	var before, after uiCardDoc
@@ -589,8 +635,22 @@ http://127.0.0.1:%[2]d {
 	if stats.HourCachedShare <= 0 {
 		t.Errorf("no cached tokens in the hour after repeated turns: %+v", stats.Totals)
 	}
+	for _, doc := range []string{"/lm-warden/ui/qwen3-4b/view.json", "/lm-warden/ui/qwen3-4b/stats.json"} {
+		r, err := http.Get(admin + doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(r.Body)
+		r.Body.Close()
+		t.Logf("page weight: %s with traffic: %d B per refresh", doc, len(b))
+	}
 
 	path := browserScreenshot(t, ctx, "routing-card.png")
+	if liveShot != "" {
+		path = liveShot
+	}
+	// LMWARDEN_SCREENSHOT_OUT receives the screenshot under load when there
+	// is one (the README's docs/routing-card.png), else the frozen one.
 	if out := os.Getenv("LMWARDEN_SCREENSHOT_OUT"); out != "" {
 		buf, _ := os.ReadFile(path)
 		if err := os.WriteFile(out, buf, 0o644); err != nil {
@@ -599,7 +659,21 @@ http://127.0.0.1:%[2]d {
 		t.Logf("screenshot copied to %s", out)
 	}
 
-	// The affinity toggle goes through Caddy's origin check and takes effect.
+	// The models list, reached from the card's header, links back.
+	browserFollow(t, ctx, `.brand`, "/lm-warden/ui/")
+	browserWaitRenders(t, ctx, 1)
+	row, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](
+		`[...document.querySelectorAll("#models tbody tr > *")].map(c => c.textContent)`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(row) != 8 || row[0] != "qwen3-4b" || row[5] != "4 of 4 reachable" {
+		t.Errorf("models row %q", row)
+	}
+	browserFollow(t, ctx, `#models a`, "/lm-warden/ui/qwen3-4b")
+	browserWaitRenders(t, ctx, 1)
+
+	// The actions go through Caddy's origin check and take effect.
 	if err := chromedp.Do(ctx, chromedp.Click(chromedp.ID("toggle-affinity"))); err != nil {
 		t.Fatal(err)
 	}
@@ -612,5 +686,19 @@ http://127.0.0.1:%[2]d {
 	browserGetAdmin(t, cardURL, &offCard)
 	if offCard.Affinity {
 		t.Error("admin JSON still says affinity on after the toggle")
+	}
+	if err := chromedp.Do(ctx, chromedp.SetValue(chromedp.ID("unpin-key"), "conv-00-0"),
+		chromedp.Click(chromedp.CSS(`#unpin button`))); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := chromedp.Run(ctx, chromedp.Poll[bool](`document.getElementById("action-msg").textContent.startsWith("unpinned conv-00-0")`,
+		chromedp.WithPollingTimeout(10*time.Second))); err != nil {
+		msg, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`document.getElementById("action-msg").textContent`))
+		t.Fatalf("unpin: %v (%s)", err, msg)
+	}
+	var unpinned uiCardDoc
+	browserGetAdmin(t, cardURL, &unpinned)
+	if unpinned.Bindings != offCard.Bindings-1 {
+		t.Errorf("bindings %d after unpinning, %d before", unpinned.Bindings, offCard.Bindings)
 	}
 }

@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -21,10 +22,13 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	_ "github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	_ "github.com/caddyserver/caddy/v2/modules/caddyhttp/caddyauth"
 	_ "github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	_ "github.com/caddyserver/caddy/v2/modules/filestorage"
+	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
 	"github.com/dustin/go-humanize"
+	"golang.org/x/crypto/bcrypt"
 
 	"github.com/lmwarden/caddy-lmwarden/emulator"
 )
@@ -497,17 +501,23 @@ func TestBrowserRoutingCard(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = emu.Close() })
 
-	adminPort, httpPort := browserFreePort(t), browserFreePort(t)
+	adminPort, httpPort, authPort := browserFreePort(t), browserFreePort(t), browserFreePort(t)
+	hash, err := bcrypt.GenerateFromPassword([]byte("s3cret"), bcrypt.MinCost)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var upstreams []string
 	for _, u := range emu.URLs() {
 		upstreams = append(upstreams, strings.TrimPrefix(u, "http://"))
 	}
 	// Browsers send Sec-Fetch-Mode on every request, so Caddy's admin
 	// endpoint checks Origin (or Referer); a typed-in URL has neither. The
-	// empty origin "" lets such a navigation open the page.
+	// empty origin "" lets such a navigation open the page. The second
+	// site mounts the page behind basic auth, as the README shows; its
+	// origin is allowed so the page's writes pass the origin check.
 	caddyfile := fmt.Sprintf(`{
 	admin 127.0.0.1:%[1]d {
-		origins 127.0.0.1:%[1]d localhost:%[1]d ""
+		origins 127.0.0.1:%[1]d localhost:%[1]d http://127.0.0.1:%[5]d ""
 	}
 	persist_config off
 	auto_https off
@@ -526,7 +536,17 @@ http://127.0.0.1:%[2]d {
 		flush_interval -1
 	}
 }
-`, adminPort, httpPort, t.TempDir(), strings.Join(upstreams, " "))
+
+http://127.0.0.1:%[5]d {
+	basic_auth {
+		ops %[6]s
+	}
+	handle /lm-warden/* {
+		reverse_proxy 127.0.0.1:%[1]d
+	}
+	respond 404
+}
+`, adminPort, httpPort, t.TempDir(), strings.Join(upstreams, " "), authPort, hash)
 	cfgJSON, warnings, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), map[string]any{"filename": "Caddyfile"})
 	if err != nil {
 		t.Fatalf("adapting Caddyfile: %v\n%s", err, caddyfile)
@@ -700,5 +720,50 @@ http://127.0.0.1:%[2]d {
 	browserGetAdmin(t, cardURL, &unpinned)
 	if unpinned.Bindings != offCard.Bindings-1 {
 		t.Errorf("bindings %d after unpinning, %d before", unpinned.Bindings, offCard.Bindings)
+	}
+
+	// Behind auth: the public site asks for a password, serves only the
+	// page and its JSON, and the page works there, writes included.
+	authSite := fmt.Sprintf("http://127.0.0.1:%d", authPort)
+	for path, status := range map[string]int{"/lm-warden/": http.StatusUnauthorized, "/config/": http.StatusUnauthorized} {
+		r, err := http.Get(authSite + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Body.Close()
+		if r.StatusCode != status {
+			t.Errorf("GET %s without a password: %d", path, r.StatusCode)
+		}
+	}
+	req, _ := http.NewRequest(http.MethodGet, authSite+"/config/", nil)
+	req.SetBasicAuth("ops", "s3cret")
+	if r, err := http.DefaultClient.Do(req); err != nil {
+		t.Fatal(err)
+	} else if r.Body.Close(); r.StatusCode != http.StatusNotFound {
+		t.Errorf("GET /config/ through the public site: %d", r.StatusCode)
+	}
+	if _, err := chromedp.Call(ctx, network.Enable, network.EnableParams{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := chromedp.Call(ctx, network.SetExtraHTTPHeaders, network.SetExtraHTTPHeadersParams{Headers: network.Headers{
+		"Authorization": "Basic " + base64.StdEncoding.EncodeToString([]byte("ops:s3cret")),
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err = chromedp.Run(ctx, chromedp.NavigateResponse(authSite+"/lm-warden/ui/qwen3-4b"))
+	if err != nil || resp.Status != http.StatusOK {
+		t.Fatalf("the card behind auth: %v %+v", err, resp)
+	}
+	browserWaitRenders(t, ctx, 2)
+	var authCard uiCardDoc
+	browserGetAdmin(t, cardURL, &authCard)
+	browserExpectCard(t, browserReadCard(t, ctx), authCard)
+	if err := chromedp.Do(ctx, chromedp.Click(chromedp.ID("toggle-affinity"))); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := chromedp.Run(ctx, chromedp.Poll[bool](`document.getElementById("h-affinity").textContent === "on"`,
+		chromedp.WithPollingTimeout(10*time.Second))); err != nil {
+		msg, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`document.getElementById("action-msg").textContent`))
+		t.Fatalf("affinity toggle behind auth: %v (%s)", err, msg)
 	}
 }

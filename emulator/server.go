@@ -40,6 +40,9 @@ type ServerConfig struct {
 	// Speed runs engine time this many times faster than the wall clock
 	// (default 1). Timings reported by the API and metrics are engine time.
 	Speed float64
+	// DPStatsInterval is the engine-time period of the load snapshot the
+	// data-parallel balancer decides on (default DefaultDPStatsInterval).
+	DPStatsInterval time.Duration
 	// Model is the served model name (default DefaultModel). Requests may
 	// name any model.
 	Model string
@@ -75,6 +78,11 @@ type replica struct {
 	hang    chan struct{} // non-nil while /metrics hangs; closed to release
 
 	errors atomic.Bool
+
+	balMu   sync.Mutex
+	bal     *DPBalancer
+	balQuit chan struct{}
+	balDone chan struct{}
 }
 
 // NewServer starts listening and serving.
@@ -94,6 +102,9 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if err := cfg.Engine.Validate(); err != nil {
 		return nil, err
 	}
+	if cfg.DPStatsInterval <= 0 {
+		cfg.DPStatsInterval = DefaultDPStatsInterval
+	}
 	if cfg.Host == "" {
 		cfg.Host = "127.0.0.1"
 	}
@@ -106,7 +117,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		n, engines = 1, cfg.DataParallel
 	}
 	for i := 0; i < n; i++ {
-		rep := &replica{s: s, index: i}
+		rep := &replica{s: s, index: i, bal: NewDPBalancer(engines)}
 		for k := 0; k < engines; k++ {
 			idx := i
 			if engines > 1 {
@@ -138,6 +149,10 @@ func (rep *replica) start() error {
 	rep.ln = ln
 	for _, r := range rep.runners {
 		r.startLoop()
+	}
+	if len(rep.runners) > 1 {
+		rep.balQuit, rep.balDone = make(chan struct{}), make(chan struct{})
+		go rep.publishLoop(rep.balQuit, rep.balDone)
 	}
 	rep.srv = &http.Server{Handler: rep, ReadHeaderTimeout: 10 * time.Second}
 	go func(srv *http.Server) {
@@ -246,6 +261,11 @@ func (rep *replica) stop() {
 	if rep.srv != nil {
 		rep.srv.Close()
 		rep.ln.Close() // Serve may not have taken the listener yet
+	}
+	if rep.balQuit != nil {
+		close(rep.balQuit)
+		<-rep.balDone
+		rep.balQuit = nil
 	}
 	for _, r := range rep.runners {
 		r.stopLoop()
@@ -451,7 +471,7 @@ func (rep *replica) countTokens(w http.ResponseWriter, r *http.Request) {
 }
 
 // pick chooses the engine for a request: the rank header when present,
-// else the lowest waiting×4 + running (vLLM's data-parallel balancer).
+// else vLLM's data-parallel balancer (DPBalancer).
 func (rep *replica) pick(r *http.Request) (*runner, error) {
 	if len(rep.runners) == 1 && r.Header.Get(RankHeader) == "" {
 		return rep.runners[0], nil
@@ -463,14 +483,37 @@ func (rep *replica) pick(r *http.Request) (*runner, error) {
 		}
 		return rep.runners[k], nil
 	}
-	best, bestLoad := rep.runners[0], rep.runners[0].load()
-	// DPScore order; ties go to the lowest rank.
-	for _, run := range rep.runners[1:] {
-		if l := run.load(); l < bestLoad {
-			best, bestLoad = run, l
+	rep.balMu.Lock()
+	defer rep.balMu.Unlock()
+	return rep.runners[rep.bal.Pick()], nil
+}
+
+// publishLoop publishes the engines' counts to the balancer every
+// DPStatsInterval of engine time, as vLLM's coordinator does.
+func (rep *replica) publishLoop(quit, done chan struct{}) {
+	defer close(done)
+	every := time.Duration(float64(rep.s.cfg.DPStatsInterval) / rep.s.cfg.Speed)
+	if every < time.Millisecond {
+		every = time.Millisecond
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	load := func(i int) (int, int) {
+		run := rep.runners[i]
+		run.mu.Lock()
+		defer run.mu.Unlock()
+		return run.eng.Waiting(), run.eng.Running()
+	}
+	for {
+		rep.balMu.Lock()
+		rep.bal.Publish(load)
+		rep.balMu.Unlock()
+		select {
+		case <-t.C:
+		case <-quit:
+			return
 		}
 	}
-	return best, nil
 }
 
 type apiKind uint8

@@ -46,6 +46,7 @@ func run() error {
 		maxLen      = flag.Int("max-model-len", def.MaxModelLen, "max prompt + output tokens")
 		controlPort = flag.Int("control-port", 0, "serve fault controls (stop/restart/errors/metrics-hang/slow) on this port; 0 = off")
 		slow        = flag.String("slow", "", "start with engine:factor slowed, e.g. 2:3")
+		dpInterval  = flag.Duration("dp-stats-interval", emulator.DefaultDPStatsInterval, "engine-time period of the load snapshot the data-parallel balancer decides on")
 	)
 	flag.Parse()
 
@@ -60,7 +61,7 @@ func run() error {
 	cfg.MaxNumBatchedTokens, cfg.MaxModelLen = *batched, *maxLen
 	srv, err := emulator.NewServer(emulator.ServerConfig{
 		Replicas: *replicas, DataParallel: *dp, Speed: *speed, Model: *model,
-		Engine: cfg, Host: *host, BasePort: *port, Logger: logger,
+		Engine: cfg, Host: *host, BasePort: *port, Logger: logger, DPStatsInterval: *dpInterval,
 	})
 	if err != nil {
 		return err

@@ -184,9 +184,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if needBody && hasJSONBody(r) {
 		body, tooBig, err := h.readBody(r)
 		if tooBig {
-			h.recycle(st)
 			writeAPIError(w, st.api, http.StatusRequestEntityTooLarge,
 				fmt.Sprintf("request body is larger than the gateway's limit of %d bytes", h.MaxBody))
+			h.recycle(st)
 			return nil
 		}
 		if err != nil {

@@ -1,0 +1,131 @@
+package caddymodule
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+
+	"github.com/lmwarden/caddy-lmwarden/placement"
+)
+
+// benchWriter is a reusable ResponseWriter that drops the body.
+type benchWriter struct{ h http.Header }
+
+func (w *benchWriter) Header() http.Header         { return w.h }
+func (w *benchWriter) Write(b []byte) (int, error) { return len(b), nil }
+func (w *benchWriter) WriteHeader(int)             {}
+
+const benchAnswer = `{"id":"msg_1","type":"message","content":[{"type":"text","text":"ok"}],"usage":{"input_tokens":12,"cache_read_input_tokens":4000,"output_tokens":5}}`
+
+func benchPool(n int) reverseproxy.UpstreamPool {
+	pool := make(reverseproxy.UpstreamPool, n)
+	for i := range pool {
+		pool[i] = &reverseproxy.Upstream{Host: new(reverseproxy.Host), Dial: fmt.Sprintf("10.0.0.5:%d", 8000+i)}
+	}
+	return pool
+}
+
+// benchPolicy is a provisioned-equivalent policy without a Caddy context.
+func benchPolicy(b *testing.B, model string) *Policy {
+	p := &Policy{Model: model, routeHeader: true}
+	p.m = newModelState(model, placement.Config{MaxNumSeqs: 32})
+	p.m.configure(placement.Config{MaxNumSeqs: 32}, p.pollSettings(), nil)
+	b.Cleanup(func() { _ = p.m.Destruct() })
+	return p
+}
+
+// bigBody is a Claude-Code-like request of about size bytes whose only
+// session key is metadata.user_id, at the end of the body.
+func bigBody(size int, session string) []byte {
+	var sb strings.Builder
+	sb.WriteString(`{"model":"qwen3-4b","max_tokens":256,"stream":true,"system":[{"type":"text","text":"You are Claude Code."}],"messages":[`)
+	chunk := `{"role":"user","content":[{"type":"text","text":"` + strings.Repeat("lorem ipsum ", 80) + `"}]},`
+	for sb.Len() < size-200 {
+		sb.WriteString(chunk)
+	}
+	sb.WriteString(`{"role":"user","content":"go on"}],"metadata":{"user_id":"user_0123456789abcdef_account_9f1c_session_` + session + `"}}`)
+	return []byte(sb.String())
+}
+
+type benchCase struct {
+	name    string
+	header  bool
+	body    []byte
+	handler bool // lm_warden handler + policy; false: Caddy's least_conn alone
+}
+
+func BenchmarkRouteRequest(b *testing.B) {
+	small := []byte(`{"model":"qwen3-4b","max_tokens":256,"messages":[{"role":"user","content":"hi"}]}`)
+	big := bigBody(256<<10, "2b1e7f3a-0c4d-4f7e-9a1b-5c6d7e8f9a0b")
+	cases := []benchCase{
+		{"lm_warden/session-header", true, small, true},
+		{"lm_warden/body-user_id-256KB", false, big, true},
+		{"least_conn/session-header", true, small, false},
+		{"least_conn/body-256KB", false, big, false},
+	}
+	for _, bc := range cases {
+		b.Run(bc.name, func(b *testing.B) {
+			pool := benchPool(4)
+			var lc reverseproxy.LeastConnSelection
+			h := &Handler{}
+			if err := h.Provision(benchCtx()); err != nil {
+				b.Fatal(err)
+			}
+			p := benchPolicy(b, "bench-"+strings.ReplaceAll(bc.name, "/", "-"))
+			next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+				var up *reverseproxy.Upstream
+				if bc.handler {
+					up = p.Select(pool, r, w)
+				} else {
+					up = lc.Select(pool, r, w)
+				}
+				if up == nil {
+					return fmt.Errorf("no upstream")
+				}
+				// what the proxy does with the body: send it upstream
+				_, _ = io.Copy(io.Discard, r.Body)
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusOK)
+				_, _ = io.WriteString(w, benchAnswer)
+				return nil
+			})
+			w := &benchWriter{h: make(http.Header)}
+			sessions := make([]string, 64)
+			for i := range sessions {
+				sessions[i] = fmt.Sprintf("session-%02d", i)
+			}
+			b.SetBytes(int64(len(bc.body)))
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				vars := make(map[string]any, 8)
+				ctx := context.WithValue(context.Background(), caddyhttp.VarsCtxKey, vars)
+				r, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://gw/v1/messages", bytes.NewReader(bc.body))
+				r.Header.Set("Content-Type", "application/json")
+				if bc.header {
+					r.Header.Set("X-Claude-Code-Session-Id", sessions[i%len(sessions)])
+				}
+				clear(w.h)
+				var err error
+				if bc.handler {
+					err = h.ServeHTTP(w, r, next)
+				} else {
+					err = next.ServeHTTP(w, r)
+				}
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+func benchCtx() caddy.Context { return caddy.Context{Context: context.Background()} }

@@ -1,0 +1,819 @@
+package caddymodule
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddytest"
+)
+
+// The in-process Caddy of this package's tests: its admin endpoint and the
+// site's port, both on loopback, chosen apart from other packages' tests.
+const (
+	testAdminPort = 2981
+	testHTTPPort  = 9181
+)
+
+var siteURL = fmt.Sprintf("http://127.0.0.1:%d", testHTTPPort)
+
+var testClient = &http.Client{Timeout: 15 * time.Second}
+
+// loadSite (re)loads the in-process Caddy with one site whose body is site.
+func loadSite(t *testing.T, site string) {
+	t.Helper()
+	cfg := fmt.Sprintf(`{
+	admin localhost:%d
+	http_port %d
+	https_port %d
+	auto_https off
+	default_bind 127.0.0.1
+	skip_install_trust
+	grace_period 1s
+	servers {
+		protocols h1 h2c
+	}
+}
+http://127.0.0.1:%d {
+%s
+}
+`, testAdminPort, testHTTPPort, testHTTPPort+1, testHTTPPort, site)
+	tc := caddytest.NewTester(t).WithDefaultOverrides(caddytest.Config{AdminPort: testAdminPort, LoadRequestTimeout: 15 * time.Second})
+	tc.InitServer(cfg, "caddyfile")
+	if t.Failed() {
+		t.FailNow()
+	}
+}
+
+func dialList(fs []*fakeVLLM) string {
+	var out []string
+	for _, f := range fs {
+		out = append(out, f.addr)
+	}
+	return strings.Join(out, " ")
+}
+
+func startFakes(t *testing.T, n int) []*fakeVLLM {
+	out := make([]*fakeVLLM, n)
+	for i := range out {
+		out[i] = newFakeVLLM(t, 1)
+	}
+	return out
+}
+
+type turnResult struct {
+	status  int
+	body    string
+	replica string
+	reason  string
+	header  http.Header
+}
+
+func sendTurn(t *testing.T, path, body string, hdr map[string]string) turnResult {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, siteURL+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := testClient.Do(req)
+	if err != nil {
+		t.Fatalf("POST %s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	res := turnResult{status: resp.StatusCode, body: string(b), header: resp.Header}
+	res.replica, res.reason, _ = strings.Cut(resp.Header.Get(RouteHeader), "; ")
+	return res
+}
+
+func adminJSON(t *testing.T, path string, into any) {
+	t.Helper()
+	resp, err := testClient.Get(fmt.Sprintf("http://localhost:%d%s", testAdminPort, path))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %d %s", path, resp.StatusCode, b)
+	}
+	if s, ok := into.(*string); ok {
+		*s = string(b)
+		return
+	}
+	if err := json.Unmarshal(b, into); err != nil {
+		t.Fatalf("GET %s: %v in %s", path, err, b)
+	}
+}
+
+func getCard(t *testing.T, model string) Card {
+	var c Card
+	adminJSON(t, "/lm-warden/models/"+model, &c)
+	return c
+}
+
+func cardRow(c Card, id string) ReplicaRow {
+	for _, r := range c.Replicas {
+		if r.ID == id {
+			return r
+		}
+	}
+	return ReplicaRow{}
+}
+
+// eventually polls cond every 20 ms for at most 5 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func policyBlock(model, extra string) string {
+	return fmt.Sprintf(`lb_policy lm_warden {
+			model %s
+			poll_interval 100ms
+			%s
+		}`, model, extra)
+}
+
+func TestConversationsStayOnTheirReplica(t *testing.T) {
+	fs := startFakes(t, 4)
+	loadSite(t, fmt.Sprintf(`
+	lm_warden
+	reverse_proxy %s {
+		%s
+	}`, dialList(fs), policyBlock("stay", "max_num_seqs 64")))
+
+	const convs, turns = 8, 6
+	where := map[string]map[string]bool{}
+	for turn := 1; turn <= turns; turn++ {
+		for c := 0; c < convs; c++ {
+			name := fmt.Sprintf("conv-%d", c)
+			var res turnResult
+			if c%2 == 0 {
+				res = sendTurn(t, "/v1/messages", chatTurn(name, turn, true), map[string]string{"X-Claude-Code-Session-Id": name})
+			} else {
+				// older clients: the session is in the body only
+				res = sendTurn(t, "/v1/messages", chatTurn(name, turn, turn%2 == 0, "user_ab12_account_cd34_session_"+name), nil)
+			}
+			if res.status != http.StatusOK {
+				t.Fatalf("%s turn %d: %d %s", name, turn, res.status, res.body)
+			}
+			want := "placed"
+			if turn > 1 {
+				want = "sticky"
+			}
+			if res.reason != want {
+				t.Errorf("%s turn %d: reason %q, want %q", name, turn, res.reason, want)
+			}
+			if where[name] == nil {
+				where[name] = map[string]bool{}
+			}
+			where[name][res.replica] = true
+		}
+	}
+	perReplica := map[string]int{}
+	for name, reps := range where {
+		if len(reps) != 1 {
+			t.Errorf("%s was served by %d replicas: %v", name, len(reps), reps)
+		}
+		for r := range reps {
+			perReplica[r]++
+		}
+	}
+	// the upstreams agree: each conversation reached exactly one of them
+	for _, f := range fs {
+		for _, rq := range f.requests() {
+			if !where[rq.key][f.addr] {
+				t.Errorf("conversation %q reached %s, not the replica the route header named", rq.key, f.addr)
+			}
+		}
+	}
+	// new conversations spread by load: 8 over 4 idle replicas, 2 each
+	for _, f := range fs {
+		if perReplica[f.addr] != convs/len(fs) {
+			t.Errorf("replica %s holds %d conversations, want %d (spread %v)", f.addr, perReplica[f.addr], convs/len(fs), perReplica)
+		}
+	}
+
+	// the card: routed numbers, and what the upstreams reported
+	for i, f := range fs {
+		f.setLoad(0, i, 2*i)
+	}
+	waitFor(t, "polled load on the card", func() bool {
+		c := getCard(t, "stay")
+		for i, f := range fs {
+			r := cardRow(c, f.addr)
+			if !r.Reachable || r.Running != i || r.Waiting != 2*i {
+				return false
+			}
+		}
+		return true
+	})
+	c := getCard(t, "stay")
+	if c.Requests != convs*turns || c.Bindings != convs || c.StickyPct != 100 || c.InFlight != 0 || !c.Affinity {
+		t.Errorf("card header: requests %d bindings %d sticky %.1f%% in flight %d affinity %v", c.Requests, c.Bindings, c.StickyPct, c.InFlight, c.Affinity)
+	}
+	if c.SpillThreshold != 16 || !c.SpillAuto || c.MaxNumSeqs != 64 {
+		t.Errorf("threshold %d auto %v max_num_seqs %d, want 16 auto 64", c.SpillThreshold, c.SpillAuto, c.MaxNumSeqs)
+	}
+	var sum TokenCount
+	for _, f := range fs {
+		r := cardRow(c, f.addr)
+		prompt, cached, gen := f.totals()
+		want := TokenCount{Cached: uint64(cached), Computed: uint64(prompt - cached), Generated: uint64(gen)}
+		if r.Tokens != want {
+			t.Errorf("replica %s tokens %+v, upstream reported %+v", f.addr, r.Tokens, want)
+		}
+		if r.Sticky != uint64(perReplica[f.addr]*(turns-1)) || r.Placed != uint64(perReplica[f.addr]) || r.Bindings != perReplica[f.addr] {
+			t.Errorf("replica %s: sticky %d placed %d bindings %d", f.addr, r.Sticky, r.Placed, r.Bindings)
+		}
+		sum.Cached += want.Cached
+		sum.Computed += want.Computed
+		sum.Generated += want.Generated
+	}
+	if sum.Cached == 0 {
+		t.Error("no cached tokens reported: the fake's prefix cache never hit")
+	}
+	var st Stats
+	adminJSON(t, "/lm-warden/models/stay/stats", &st)
+	if st.Totals != sum {
+		t.Errorf("stats totals %+v, upstreams reported %+v", st.Totals, sum)
+	}
+	if len(st.Sum.Cached) != 3600 || st.StepS != 1 {
+		t.Errorf("stats series: %d buckets, step %v", len(st.Sum.Cached), st.StepS)
+	}
+	var bucketSum uint64
+	for _, v := range st.Sum.Cached {
+		bucketSum += v
+	}
+	if bucketSum != sum.Cached {
+		t.Errorf("cached tokens in the hour's buckets %d, want %d", bucketSum, sum.Cached)
+	}
+	var list struct{ Models []ModelSummary }
+	adminJSON(t, "/lm-warden/models", &list)
+	if len(list.Models) != 1 || list.Models[0].Model != "stay" || list.Models[0].Replicas != 4 || list.Models[0].Reachable != 4 {
+		t.Errorf("models list: %+v", list.Models)
+	}
+
+	// Prometheus at the admin endpoint
+	var metrics string
+	adminJSON(t, "/metrics", &metrics)
+	for _, want := range []string{
+		fmt.Sprintf(`lm_warden_requests_total{model="stay",reason="sticky",replica=%q} %d`, fs[0].addr, perReplica[fs[0].addr]*(turns-1)),
+		fmt.Sprintf(`lm_warden_prompt_tokens_total{model="stay",replica=%q,source="cached"}`, fs[1].addr),
+		fmt.Sprintf(`lm_warden_replica_running{model="stay",replica=%q} 3`, fs[3].addr),
+		`lm_warden_bindings{model="stay"} 8`,
+		`lm_warden_generation_tokens_total{model="stay"`,
+		`lm_warden_in_flight{model="stay"`,
+	} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+
+	// unpin one conversation: its next turn is placed anew
+	req, _ := http.NewRequest(http.MethodDelete, fmt.Sprintf("http://localhost:%d/lm-warden/models/stay/sessions/conv-0", testAdminPort), nil)
+	resp, err := testClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("unbind: %d", resp.StatusCode)
+	}
+	if res := sendTurn(t, "/v1/messages", chatTurn("conv-0", 7, false), map[string]string{"X-Claude-Code-Session-Id": "conv-0"}); res.reason != "placed" {
+		t.Errorf("after unbind: reason %q, want placed", res.reason)
+	}
+	// an unknown key is a 404 with a JSON error
+	req, _ = http.NewRequest(http.MethodDelete, fmt.Sprintf("http://localhost:%d/lm-warden/models/stay/sessions/nope", testAdminPort), nil)
+	resp, err = testClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound || !strings.Contains(string(b), `"error"`) {
+		t.Errorf("unknown key: %d %s", resp.StatusCode, b)
+	}
+}
+
+func TestSpillOverThresholdAndRebind(t *testing.T) {
+	fs := startFakes(t, 2)
+	loadSite(t, fmt.Sprintf(`
+	lm_warden
+	reverse_proxy %s {
+		%s
+	}`, dialList(fs), policyBlock("spill", "spill_threshold 2")))
+
+	h := map[string]string{"X-Claude-Code-Session-Id": "s"}
+	first := sendTurn(t, "/v1/messages", chatTurn("s", 1, false), h)
+	if first.reason != "placed" {
+		t.Fatalf("first turn: %q", first.reason)
+	}
+	var hot, cold *fakeVLLM
+	for _, f := range fs {
+		if f.addr == first.replica {
+			hot = f
+		} else {
+			cold = f
+		}
+	}
+	hot.setLoad(0, 5, 0)
+	waitFor(t, "the hot replica's load", func() bool { return cardRow(getCard(t, "spill"), hot.addr).Running == 5 })
+	second := sendTurn(t, "/v1/messages", chatTurn("s", 2, false), h)
+	if second.reason != "spilled" || second.replica != cold.addr {
+		t.Fatalf("over the threshold: %s; %s, want %s; spilled", second.replica, second.reason, cold.addr)
+	}
+	hot.setLoad(0, 0, 0)
+	waitFor(t, "the load to drop", func() bool { return cardRow(getCard(t, "spill"), hot.addr).Running == 0 })
+	third := sendTurn(t, "/v1/messages", chatTurn("s", 3, false), h)
+	if third.reason != "sticky" || third.replica != cold.addr {
+		t.Fatalf("after the spill: %s; %s, want %s; sticky (re-bound)", third.replica, third.reason, cold.addr)
+	}
+	if r := cardRow(getCard(t, "spill"), cold.addr); r.SpillAccepted != 1 || r.Sticky != 1 {
+		t.Errorf("card: spill_accepted %d sticky %d", r.SpillAccepted, r.Sticky)
+	}
+}
+
+// inFlightSpread sends n concurrent turns of one conversation while the
+// upstreams hold every answer, and returns how many replicas got one.
+func inFlightSpread(t *testing.T, fs []*fakeVLLM, n int) int {
+	hold := make(chan struct{})
+	for _, f := range fs {
+		f.mu.Lock()
+		f.hold = hold
+		f.mu.Unlock()
+	}
+	var wg sync.WaitGroup
+	results := make([]turnResult, n)
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i] = sendTurn(t, "/v1/messages", chatTurn("same", 1, false), map[string]string{"X-Claude-Code-Session-Id": "same"})
+		}()
+		// one at a time, so each sees the previous one in flight
+		waitFor(t, "the request to reach an upstream", func() bool {
+			total := 0
+			for _, f := range fs {
+				f.mu.Lock()
+				total += f.inflight
+				f.mu.Unlock()
+			}
+			return total == i+1
+		})
+	}
+	close(hold)
+	wg.Wait()
+	for _, f := range fs {
+		f.mu.Lock()
+		f.hold = nil
+		f.mu.Unlock()
+	}
+	reps := map[string]bool{}
+	for _, r := range results {
+		if r.status != http.StatusOK {
+			t.Fatalf("status %d: %s", r.status, r.body)
+		}
+		reps[r.replica] = true
+	}
+	return len(reps)
+}
+
+func TestAffinityOffSpreadsPerRequest(t *testing.T) {
+	for _, tc := range []struct {
+		affinity string
+		want     int
+	}{{"off", 4}, {"on", 1}} {
+		t.Run("affinity_"+tc.affinity, func(t *testing.T) {
+			fs := startFakes(t, 4)
+			model := "aff-" + tc.affinity
+			loadSite(t, fmt.Sprintf(`
+	lm_warden
+	reverse_proxy %s {
+		%s
+	}`, dialList(fs), policyBlock(model, "affinity "+tc.affinity+"\n spill_threshold 10")))
+			if got := inFlightSpread(t, fs, 4); got != tc.want {
+				t.Errorf("4 concurrent turns of one conversation went to %d replicas, want %d", got, tc.want)
+			}
+			c := getCard(t, model)
+			if c.Affinity != (tc.affinity == "on") {
+				t.Errorf("card affinity %v", c.Affinity)
+			}
+			if c.InFlight != 0 {
+				t.Errorf("in flight %d after all answers", c.InFlight)
+			}
+		})
+	}
+}
+
+func TestAffinitySwitchAtRunTime(t *testing.T) {
+	fs := startFakes(t, 2)
+	loadSite(t, fmt.Sprintf(`
+	lm_warden
+	reverse_proxy %s {
+		%s
+	}`, dialList(fs), policyBlock("toggle", "")))
+	put := func(on bool) {
+		req, _ := http.NewRequest(http.MethodPut, fmt.Sprintf("http://localhost:%d/lm-warden/models/toggle/affinity", testAdminPort),
+			strings.NewReader(fmt.Sprintf(`{"affinity":%v}`, on)))
+		resp, err := testClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), fmt.Sprintf(`"affinity":%v`, on)) {
+			t.Fatalf("PUT affinity: %d %s", resp.StatusCode, b)
+		}
+	}
+	put(false)
+	if res := sendTurn(t, "/v1/messages", chatTurn("x", 1, false), map[string]string{"X-Claude-Code-Session-Id": "x"}); res.reason != "affinity-off" {
+		t.Errorf("affinity off: reason %q", res.reason)
+	}
+	put(true)
+	if res := sendTurn(t, "/v1/messages", chatTurn("x", 1, false), map[string]string{"X-Claude-Code-Session-Id": "x"}); res.reason != "placed" {
+		t.Errorf("affinity on: reason %q", res.reason)
+	}
+}
+
+func TestDataParallelRank(t *testing.T) {
+	f := newFakeVLLM(t, 4)
+	loadSite(t, fmt.Sprintf(`
+	lm_warden
+	reverse_proxy %s {
+		%s
+	}`, f.addr, policyBlock("dp", "data_parallel_size 4\n client_pin_header X-LM-Warden-Replica")))
+	where := map[string]string{}
+	for turn := 1; turn <= 3; turn++ {
+		for c := 0; c < 4; c++ {
+			name := fmt.Sprintf("dp-%d", c)
+			res := sendTurn(t, "/v1/chat/completions", chatTurn(name, turn, true), map[string]string{"X-Claude-Code-Session-Id": name})
+			if res.status != http.StatusOK {
+				t.Fatalf("%d %s", res.status, res.body)
+			}
+			if prev, ok := where[name]; ok && prev != res.replica {
+				t.Errorf("%s moved from %s to %s", name, prev, res.replica)
+			}
+			where[name] = res.replica
+			if want := f.addr + "#" + res.header.Get("X-Fake-Engine"); res.replica != want {
+				t.Errorf("route header names %s, the engine that served is %s", res.replica, want)
+			}
+		}
+	}
+	engines := map[string]bool{}
+	for _, r := range where {
+		engines[r] = true
+	}
+	if len(engines) != 4 {
+		t.Errorf("4 conversations on %d engines: %v", len(engines), where)
+	}
+	for _, rq := range f.requests() {
+		if rq.rank == "" {
+			t.Errorf("request of %s reached the server without X-data-parallel-rank", rq.key)
+		}
+	}
+	// pin by rank
+	res := sendTurn(t, "/v1/chat/completions", chatTurn("pinned", 1, false), map[string]string{"X-LM-Warden-Replica": "2"})
+	if res.replica != f.addr+"#2" || res.reason != "client-pinned" || res.header.Get("X-Fake-Engine") != "2" {
+		t.Errorf("pinned to rank 2: %s; %s (engine %s)", res.replica, res.reason, res.header.Get("X-Fake-Engine"))
+	}
+	f.setLoad(2, 3, 1)
+	waitFor(t, "engine 2's load on the card", func() bool {
+		r := cardRow(getCard(t, "dp"), f.addr+"#2")
+		return r.Running == 3 && r.Waiting == 1
+	})
+	c := getCard(t, "dp")
+	if len(c.Replicas) != 4 {
+		t.Errorf("card has %d rows, want one per engine", len(c.Replicas))
+	}
+	var tokens TokenCount
+	for _, r := range c.Replicas {
+		tokens.Cached += r.Tokens.Cached
+		tokens.Computed += r.Tokens.Computed
+		tokens.Generated += r.Tokens.Generated
+	}
+	prompt, cached, gen := f.totals()
+	if tokens != (TokenCount{uint64(cached), uint64(prompt - cached), uint64(gen)}) {
+		t.Errorf("card tokens %+v, upstream reported prompt %d cached %d generated %d", tokens, prompt, cached, gen)
+	}
+}
+
+func TestClientPin(t *testing.T) {
+	fs := startFakes(t, 3)
+	loadSite(t, fmt.Sprintf(`
+	lm_warden
+	reverse_proxy %s {
+		%s
+	}`, dialList(fs), policyBlock("pin", "client_pin_header X-LM-Warden-Replica")))
+	for i := 0; i < 3; i++ {
+		res := sendTurn(t, "/v1/messages", chatTurn("p", 1, false), map[string]string{"X-LM-Warden-Replica": fs[2].addr, "X-Claude-Code-Session-Id": "p"})
+		if res.replica != fs[2].addr || res.reason != "client-pinned" {
+			t.Fatalf("pinned request: %s; %s", res.replica, res.reason)
+		}
+	}
+	if n := len(fs[2].requests()); n != 3 {
+		t.Errorf("pinned replica served %d requests, want 3", n)
+	}
+	if r := cardRow(getCard(t, "pin"), fs[2].addr); r.ClientPinned != 3 {
+		t.Errorf("client_pinned %d", r.ClientPinned)
+	}
+}
+
+func TestDeadUpstreamSkippedAndConversationsReplaced(t *testing.T) {
+	fs := startFakes(t, 3)
+	loadSite(t, fmt.Sprintf(`
+	lm_warden
+	reverse_proxy %s {
+		%s
+		lb_retries 2
+	}`, dialList(fs), policyBlock("dead", "")))
+	where := map[string]string{}
+	for c := 0; c < 6; c++ {
+		name := fmt.Sprintf("d-%d", c)
+		where[name] = sendTurn(t, "/v1/messages", chatTurn(name, 1, false), map[string]string{"X-Claude-Code-Session-Id": name}).replica
+	}
+	dead := fs[0]
+	dead.srv.Close()
+	moved := 0
+	for name, was := range where {
+		res := sendTurn(t, "/v1/messages", chatTurn(name, 2, false), map[string]string{"X-Claude-Code-Session-Id": name})
+		if res.status != http.StatusOK {
+			t.Fatalf("%s after the replica died: %d %s", name, res.status, res.body)
+		}
+		if was == dead.addr {
+			moved++
+			if res.replica == dead.addr || res.reason != "re-placed" {
+				t.Errorf("%s: %s; %s, want another replica, re-placed", name, res.replica, res.reason)
+			}
+			next := sendTurn(t, "/v1/messages", chatTurn(name, 3, false), map[string]string{"X-Claude-Code-Session-Id": name})
+			if next.replica != res.replica || next.reason != "sticky" {
+				t.Errorf("%s turn 3: %s; %s, want %s; sticky", name, next.replica, next.reason, res.replica)
+			}
+		} else if res.replica != was || res.reason != "sticky" {
+			t.Errorf("%s (alive replica) moved: %s; %s", name, res.replica, res.reason)
+		}
+	}
+	if moved == 0 {
+		t.Fatal("no conversation was on the replica that died")
+	}
+	waitFor(t, "the dead replica to show unreachable", func() bool {
+		r := cardRow(getCard(t, "dead"), dead.addr)
+		return !r.Reachable && r.LastError != ""
+	})
+	var metrics string
+	adminJSON(t, "/metrics", &metrics)
+	if !strings.Contains(metrics, fmt.Sprintf(`lm_warden_poll_errors_total{model="dead",replica=%q}`, dead.addr)) {
+		t.Error("no poll errors counted for the dead replica")
+	}
+}
+
+func TestReloadKeepsBindingsAndCounters(t *testing.T) {
+	fs := startFakes(t, 3)
+	site := func(extra string) string {
+		return fmt.Sprintf(`
+	lm_warden
+	reverse_proxy %s {
+		%s
+	}`, dialList(fs), policyBlock("reload", extra))
+	}
+	loadSite(t, site("max_num_seqs 32"))
+	where := map[string]string{}
+	for c := 0; c < 5; c++ {
+		name := fmt.Sprintf("r-%d", c)
+		for turn := 1; turn <= 2; turn++ {
+			where[name] = sendTurn(t, "/v1/messages", chatTurn(name, turn, false), map[string]string{"X-Claude-Code-Session-Id": name}).replica
+		}
+	}
+	before := getCard(t, "reload")
+	loadSite(t, site("max_num_seqs 32\n spill_threshold 3\n idle_ttl 2h"))
+	after := getCard(t, "reload")
+	if after.SpillThreshold != 3 || after.SpillAuto {
+		t.Errorf("new settings not applied: threshold %d auto %v", after.SpillThreshold, after.SpillAuto)
+	}
+	if after.Bindings != before.Bindings || after.Requests != before.Requests || !after.Since.Equal(before.Since) {
+		t.Errorf("reload lost state: bindings %d→%d requests %d→%d since %v→%v",
+			before.Bindings, after.Bindings, before.Requests, after.Requests, before.Since, after.Since)
+	}
+	for _, f := range fs {
+		if cardRow(after, f.addr).Tokens != cardRow(before, f.addr).Tokens {
+			t.Errorf("reload changed token totals of %s", f.addr)
+		}
+	}
+	for name, was := range where {
+		res := sendTurn(t, "/v1/messages", chatTurn(name, 3, false), map[string]string{"X-Claude-Code-Session-Id": name})
+		if res.replica != was || res.reason != "sticky" {
+			t.Errorf("%s after reload: %s; %s, want %s; sticky", name, res.replica, res.reason, was)
+		}
+	}
+	// a model gone from the configuration is cleaned up
+	loadSite(t, fmt.Sprintf(`
+	reverse_proxy %s {
+		%s
+	}`, dialList(fs), policyBlock("reload-2", "")))
+	if _, ok := lookupModel("reload"); ok {
+		t.Error("model removed from the config is still registered")
+	}
+}
+
+func TestOversizedBodyGets413InTheAPIsFormat(t *testing.T) {
+	fs := startFakes(t, 1)
+	loadSite(t, fmt.Sprintf(`
+	lm_warden {
+		max_body 1KiB
+	}
+	reverse_proxy %s {
+		%s
+	}`, dialList(fs), policyBlock("big", "")))
+	big := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("x", 2048) + `"}]}`
+	res := sendTurn(t, "/v1/messages?beta=true", big, nil)
+	if res.status != http.StatusRequestEntityTooLarge {
+		t.Fatalf("status %d", res.status)
+	}
+	var ae anthropicError
+	if err := json.Unmarshal([]byte(res.body), &ae); err != nil || ae.Type != "error" || ae.Error.Type != "request_too_large" || ae.Error.Message == "" {
+		t.Errorf("Anthropic error body %s", res.body)
+	}
+	res = sendTurn(t, "/v1/chat/completions", big, nil)
+	var oe openAIError
+	if err := json.Unmarshal([]byte(res.body), &oe); err != nil || res.status != 413 || oe.Error.Code != 413 || oe.Error.Message == "" {
+		t.Errorf("OpenAI error: %d %s", res.status, res.body)
+	}
+	if len(fs[0].requests()) != 0 {
+		t.Error("an oversized request reached the upstream")
+	}
+	if res := sendTurn(t, "/v1/messages", chatTurn("small", 1, false), nil); res.status != http.StatusOK {
+		t.Errorf("small body: %d %s", res.status, res.body)
+	}
+}
+
+func TestNoReplicaJSONErrors(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := l.Addr().String()
+	l.Close()
+	loadSite(t, fmt.Sprintf(`
+	lm_warden
+	reverse_proxy %s {
+		%s
+	}`, closed, policyBlock("none", "")))
+	res := sendTurn(t, "/v1/messages", chatTurn("n", 1, false), nil)
+	var ae anthropicError
+	if res.status != http.StatusBadGateway || json.Unmarshal([]byte(res.body), &ae) != nil || ae.Error.Message == "" {
+		t.Errorf("dead upstream: %d %s", res.status, res.body)
+	}
+
+	// the only upstream is full (max_requests 1 and busy): 503
+	fs := startFakes(t, 1)
+	loadSite(t, fmt.Sprintf(`
+	lm_warden
+	reverse_proxy {
+		to %s
+		unhealthy_request_count 1
+		%s
+	}`, fs[0].addr, policyBlock("full", "")))
+	hold := make(chan struct{})
+	fs[0].mu.Lock()
+	fs[0].hold = hold
+	fs[0].mu.Unlock()
+	done := make(chan turnResult)
+	go func() { done <- sendTurn(t, "/v1/chat/completions", chatTurn("a", 1, false), nil) }()
+	waitFor(t, "the first request to reach the upstream", func() bool {
+		fs[0].mu.Lock()
+		defer fs[0].mu.Unlock()
+		return fs[0].inflight == 1
+	})
+	res = sendTurn(t, "/v1/chat/completions", chatTurn("b", 1, false), nil)
+	var oe openAIError
+	if res.status != http.StatusServiceUnavailable || json.Unmarshal([]byte(res.body), &oe) != nil || oe.Error.Code != 503 {
+		t.Errorf("full upstream: %d %s", res.status, res.body)
+	}
+	close(hold)
+	if r := <-done; r.status != http.StatusOK {
+		t.Errorf("held request: %d", r.status)
+	}
+}
+
+func TestStreamingOverHTTP2(t *testing.T) {
+	fs := startFakes(t, 1)
+	loadSite(t, fmt.Sprintf(`
+	lm_warden
+	reverse_proxy %s {
+		%s
+		flush_interval -1
+	}`, dialList(fs), policyBlock("h2", "")))
+	step := make(chan struct{})
+	fs[0].mu.Lock()
+	fs[0].step = step
+	fs[0].mu.Unlock()
+
+	tr := &http.Transport{}
+	tr.Protocols = new(http.Protocols)
+	tr.Protocols.SetUnencryptedHTTP2(true)
+	h2 := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	defer tr.CloseIdleConnections()
+	req, _ := http.NewRequest(http.MethodPost, siteURL+"/v1/messages", strings.NewReader(chatTurn("h", 1, true)))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Claude-Code-Session-Id", "h")
+	resp, err := h2.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.ProtoMajor != 2 {
+		t.Errorf("protocol %s, want HTTP/2", resp.Proto)
+	}
+	if resp.Header.Get(RouteHeader) == "" {
+		t.Error("no route header")
+	}
+	br := bufio.NewReader(resp.Body)
+	// the first event arrives while the upstream still waits: flushed at once
+	line, err := br.ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "event: message_start") {
+		t.Fatalf("first line %q, %v", line, err)
+	}
+	close(step)
+	rest, _ := io.ReadAll(br)
+	if !strings.Contains(string(rest), "message_stop") {
+		t.Errorf("stream ended without message_stop: %s", rest)
+	}
+	prompt, cached, gen := fs[0].totals()
+	waitFor(t, "usage recorded", func() bool {
+		r := cardRow(getCard(t, "h2"), fs[0].addr)
+		return r.Tokens == TokenCount{uint64(cached), uint64(prompt - cached), uint64(gen)}
+	})
+}
+
+func TestPolicyWithoutHandler(t *testing.T) {
+	fs := startFakes(t, 3)
+	loadSite(t, fmt.Sprintf(`
+	reverse_proxy %s {
+		%s
+	}`, dialList(fs), policyBlock("bare", "")))
+	var first string
+	for turn := 1; turn <= 4; turn++ {
+		res := sendTurn(t, "/v1/messages", chatTurn("b", turn, false), map[string]string{"X-Claude-Code-Session-Id": "b"})
+		if turn == 1 {
+			first = res.replica
+		} else if res.replica != first || res.reason != "sticky" {
+			t.Errorf("turn %d: %s; %s", turn, res.replica, res.reason)
+		}
+	}
+	waitFor(t, "slots freed with the requests", func() bool { return getCard(t, "bare").InFlight == 0 })
+	c := getCard(t, "bare")
+	for _, r := range c.Replicas {
+		if r.Tokens != (TokenCount{}) {
+			t.Errorf("tokens counted without the handler: %+v", r.Tokens)
+		}
+	}
+}
+
+func TestCaddyfileExampleAdaptsAndValidates(t *testing.T) {
+	raw, err := os.ReadFile("../Caddyfile.example")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("LM_WARDEN_TOKEN", "secret")
+	adapter := caddyconfig.GetAdapter("caddyfile")
+	cfgJSON, warnings, err := adapter.Adapt(raw, map[string]any{"filename": "Caddyfile.example"})
+	if err != nil {
+		t.Fatalf("adapting: %v", err)
+	}
+	for _, w := range warnings {
+		t.Logf("warning: %s", w)
+	}
+	for _, want := range []string{`"handler":"lm_warden"`, `"policy":"lm_warden"`, `"model":"qwen3-4b"`, `"data_parallel_size":4`, `"affinity":false`} {
+		if !strings.Contains(string(cfgJSON), want) {
+			t.Errorf("adapted config lacks %s", want)
+		}
+	}
+	var cfg caddy.Config
+	if err := json.Unmarshal(cfgJSON, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := caddy.Validate(&cfg); err != nil {
+		t.Fatalf("validating: %v", err)
+	}
+}

@@ -1,0 +1,145 @@
+package caddymodule
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+)
+
+func TestFromHeaders(t *testing.T) {
+	tests := []struct {
+		name        string
+		hdr         map[string]string
+		key, parent string
+	}{
+		{"none", nil, "", ""},
+		{"claude code", map[string]string{"X-Claude-Code-Session-Id": "s1"}, "s1", ""},
+		{"order: claude code wins", map[string]string{"X-Session-Id": "late", "X-Claude-Code-Session-Id": "s1"}, "s1", ""},
+		{"opencode", map[string]string{"x-session-affinity": "oc"}, "oc", ""},
+		{"codex underscore", map[string]string{"session_id": "cx"}, "cx", ""},
+		{"codex dash", map[string]string{"session-id": "cx2"}, "cx2", ""},
+		{"gateway", map[string]string{"x-session-id": "gw"}, "gw", ""},
+		{"blank skipped", map[string]string{"X-Claude-Code-Session-Id": "  ", "x-session-id": "gw"}, "gw", ""},
+		{"sub-agent", map[string]string{"X-Claude-Code-Session-Id": "s1", "X-Claude-Code-Agent-Id": "a7"}, "s1/a7", "s1"},
+		{"sub-agent of sub-agent", map[string]string{"X-Claude-Code-Session-Id": "s1", "X-Claude-Code-Agent-Id": "a8", "X-Claude-Code-Parent-Agent-Id": "a7"}, "s1/a8", "s1/a7"},
+		{"agent without session", map[string]string{"X-Claude-Code-Agent-Id": "a7"}, "", ""},
+		{"request id is never a key", map[string]string{"x-client-request-id": "r1"}, "", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := http.Header{}
+			for k, v := range tt.hdr {
+				h.Set(k, v)
+			}
+			key, parent := defaultKeyExtractor.fromHeaders(h)
+			if key != tt.key || parent != tt.parent {
+				t.Fatalf("got (%q, %q), want (%q, %q)", key, parent, tt.key, tt.parent)
+			}
+		})
+	}
+}
+
+func TestFromHeadersClipsLongValues(t *testing.T) {
+	h := http.Header{}
+	h.Set("X-Session-Id", strings.Repeat("x", 1000))
+	key, _ := defaultKeyExtractor.fromHeaders(h)
+	if len(key) != maxKeyLen {
+		t.Fatalf("key length %d, want %d", len(key), maxKeyLen)
+	}
+}
+
+func TestSessionFromBody(t *testing.T) {
+	tests := []struct{ name, body, want string }{
+		{"user_id session form", `{"model":"m","metadata":{"user_id":"user_abc123_account_0f3e_session_2b1e-77"}}`, "2b1e-77"},
+		{"user_id json form", `{"metadata":{"user_id":"{\"device_id\":\"d\",\"account_uuid\":\"a\",\"session_id\":\"9c0d\"}"}}`, "9c0d"},
+		{"session_id field", `{"metadata":{"session_id":"s-42"}}`, "s-42"},
+		{"user_id without session falls to session_id", `{"metadata":{"user_id":"user_abc","session_id":"s-43"}}`, "s-43"},
+		{"plain user id is no key", `{"metadata":{"user_id":"user_abc"}}`, ""},
+		{"no metadata", `{"model":"m","messages":[]}`, ""},
+		{"metadata not object", `{"metadata":"x"}`, ""},
+		{"empty session", `{"metadata":{"user_id":"user_a_session_"}}`, ""},
+		{"not json", `garbage`, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := sessionFromBody(tt.body); got != tt.want {
+				t.Fatalf("got %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
+// conversation renders an Anthropic request body of a conversation after n
+// turns, as Claude Code does: a billing block that changes every request,
+// cache_control on the last message only.
+func claudeBody(first string, n int, billing string) string {
+	var b strings.Builder
+	b.WriteString(`{"model":"qwen3-4b","max_tokens":256,"stream":true,"system":[{"type":"text","text":"x-anthropic-billing-header: cc_version=1; cch=` + billing + `;"},{"type":"text","text":"You are Claude Code.","cache_control":{"type":"ephemeral"}}],"messages":[`)
+	msgs := []string{`{"role":"user","content":[{"type":"text","text":"` + first + `"}]}`}
+	for i := 1; i < n; i++ {
+		msgs = append(msgs, `{"role":"assistant","content":[{"type":"text","text":"answer"}]}`,
+			`{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":"ok"}]}`)
+	}
+	last := msgs[len(msgs)-1]
+	msgs[len(msgs)-1] = strings.Replace(last, `}]}`, `,"cache_control":{"type":"ephemeral"}}]}`, 1)
+	b.WriteString(strings.Join(msgs, ","))
+	b.WriteString(`]}`)
+	return b.String()
+}
+
+func TestFingerprintStableAcrossTurns(t *testing.T) {
+	first := fingerprint(claudeBody("fix the bug in main.go", 1, "aaa"), defaultFingerprintBytes)
+	if !strings.HasPrefix(first, fingerprintPrefix) || len(first) != len(fingerprintPrefix)+32 {
+		t.Fatalf("unexpected fingerprint %q", first)
+	}
+	for turn := 2; turn <= 6; turn++ {
+		got := fingerprint(claudeBody("fix the bug in main.go", turn, strings.Repeat("b", turn)), defaultFingerprintBytes)
+		if got != first {
+			t.Fatalf("turn %d: fingerprint %q differs from first turn's %q", turn, got, first)
+		}
+	}
+	other := fingerprint(claudeBody("write the tests", 1, "aaa"), defaultFingerprintBytes)
+	if other == first {
+		t.Fatal("different conversations share a fingerprint")
+	}
+}
+
+func TestFingerprintOpenAIAndBounds(t *testing.T) {
+	a := `{"model":"m","messages":[{"role":"system","content":"sys"},{"role":"user","content":"hello"},{"role":"assistant","content":"hi"}]}`
+	b := `{"model":"m","messages":[{"role":"system","content":"sys"},{"role":"user","content":"hello"},{"role":"assistant","content":"hi"},{"role":"user","content":"more"}]}`
+	if fingerprint(a, 1024) != fingerprint(b, 1024) || fingerprint(a, 1024) == "" {
+		t.Fatal("OpenAI conversation's fingerprint changed between turns")
+	}
+	if got := fingerprint(`{"model":"m","messages":[]}`, 1024); got != "" {
+		t.Fatalf("empty conversation got fingerprint %q", got)
+	}
+	// only the first limit bytes count
+	long1 := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("a", 100) + `x"}]}`
+	long2 := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("a", 100) + `y"}]}`
+	if fingerprint(long1, 50) != fingerprint(long2, 50) {
+		t.Fatal("bytes past the limit changed the fingerprint")
+	}
+	if fingerprint(long1, 4096) == fingerprint(long2, 4096) {
+		t.Fatal("bytes within the limit did not change the fingerprint")
+	}
+}
+
+func FuzzBodyKeys(f *testing.F) {
+	f.Add(claudeBody("hello", 3, "x"))
+	f.Add(`{"metadata":{"user_id":"user_a_account_b_session_c"}}`)
+	f.Add(`{"metadata":{"user_id":"{\"session_id\":\"s\"}"}}`)
+	f.Add(`{"system":"s","messages":[{"role":"user","content":[1,{"type":"image"}]}]}`)
+	f.Fuzz(func(t *testing.T, body string) {
+		if k := sessionFromBody(body); len(k) > maxKeyLen {
+			t.Fatalf("key longer than %d: %d", maxKeyLen, len(k))
+		}
+		fp := fingerprint(body, 256)
+		if fp != "" && len(fp) != len(fingerprintPrefix)+32 {
+			t.Fatalf("bad fingerprint %q", fp)
+		}
+		if fp != fingerprint(body, 256) {
+			t.Fatal("fingerprint not deterministic")
+		}
+		_ = modelFromBody(body)
+	})
+}

@@ -168,3 +168,36 @@ func TestWorkloadValidate(t *testing.T) {
 		t.Errorf("seven-GPU session of %d tokens, want about 58k", n)
 	}
 }
+
+func TestStartTurnsAndPreparedSessions(t *testing.T) {
+	for _, tc := range []struct{ n, turns int }{{4, 6}, {1, 6}, {32, 6}, {3, 9}} {
+		seen := map[int]bool{}
+		for i := range tc.n {
+			st := StartTurn(i, tc.n, tc.turns)
+			if st < 0 || st >= tc.turns {
+				t.Fatalf("slot %d of %d starts at turn %d of %d", i, tc.n, st, tc.turns)
+			}
+			seen[st] = true
+		}
+		if want := min(tc.n, tc.turns); len(seen) != want {
+			t.Errorf("%d slots over %d turns use %d start turns, want %d", tc.n, tc.turns, len(seen), want)
+		}
+	}
+	g, _ := NewGenerator(DefaultWorkload(), nil)
+	s := g.NextAt(3)
+	if s.Turn() != 3 || len(s.History(3)) != 7 {
+		t.Fatalf("prepared session at turn %d with %d messages", s.Turn(), len(s.History(3)))
+	}
+	for i, a := range s.Answers {
+		if n := ApproxTokens(a); !within(n, s.OutputTokens, 0.05) {
+			t.Errorf("prepared answer %d has %d tokens, want %d ±5%%", i, n, s.OutputTokens)
+		}
+	}
+	if g.NextAt(99).Turn() != s.Turns()-1 {
+		t.Error("a start past the last turn is not clamped")
+	}
+	h, _ := NewGenerator(DefaultWorkload(), nil)
+	if h.NextAt(3).Answers[2] != s.Answers[2] {
+		t.Error("prepared answers differ for one seed")
+	}
+}

@@ -1,0 +1,153 @@
+package caddymodule
+
+import (
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+)
+
+func ptr[T any](v T) *T { return &v }
+
+func TestPolicyCaddyfile(t *testing.T) {
+	tests := []struct {
+		name    string
+		input   string
+		want    Policy
+		wantErr bool
+	}{
+		{"inline model", `lm_warden qwen3-4b`, Policy{Model: "qwen3-4b"}, false},
+		{"every setting", `lm_warden {
+			model qwen3-4b
+			affinity off
+			spill_threshold 8
+			max_num_seqs 32
+			idle_ttl 1h
+			active_window 10m
+			max_sessions 5000
+			poll_interval 2s
+			poll_timeout 1500ms
+			fail_after 4
+			metrics_path /prom
+			poll_scheme https
+			data_parallel_size 4
+			client_pin_header X-LM-Warden-Replica
+			route_header off
+		}`, Policy{
+			Model: "qwen3-4b", Affinity: ptr(false), SpillThreshold: 8, MaxNumSeqs: 32,
+			IdleTTL: caddy.Duration(time.Hour), ActiveWindow: caddy.Duration(10 * time.Minute),
+			MaxSessions: 5000, PollInterval: caddy.Duration(2 * time.Second),
+			PollTimeout: caddy.Duration(1500 * time.Millisecond), FailAfter: 4, MetricsPath: "/prom",
+			PollScheme: "https", DataParallelSize: 4, ClientPinHeader: "X-LM-Warden-Replica", RouteHeader: ptr(false),
+		}, false},
+		{"spill auto", `lm_warden {
+			model m
+			spill_threshold auto
+			affinity on
+		}`, Policy{Model: "m", Affinity: ptr(true)}, false},
+		{"bad spill", `lm_warden {
+			spill_threshold zero
+		}`, Policy{}, true},
+		{"bad affinity", `lm_warden {
+			affinity maybe
+		}`, Policy{}, true},
+		{"bad duration", `lm_warden {
+			idle_ttl soon
+		}`, Policy{}, true},
+		{"unknown option", `lm_warden {
+			colour blue
+		}`, Policy{}, true},
+		{"relative metrics path", `lm_warden {
+			metrics_path metrics
+		}`, Policy{}, true},
+		{"two inline args", `lm_warden a b`, Policy{}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var p Policy
+			err := p.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tt.input))
+			if (err != nil) != tt.wantErr {
+				t.Fatalf("err = %v, wantErr %v", err, tt.wantErr)
+			}
+			if err == nil && !reflect.DeepEqual(p, tt.want) {
+				t.Fatalf("got %+v\nwant %+v", p, tt.want)
+			}
+		})
+	}
+}
+
+func TestPolicyValidate(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		p    Policy
+		ok   bool
+	}{
+		{"ok", Policy{Model: "m"}, true},
+		{"no model", Policy{}, false},
+		{"timeout not shorter than interval", Policy{Model: "m", PollInterval: caddy.Duration(time.Second), PollTimeout: caddy.Duration(time.Second)}, false},
+		{"bad scheme", Policy{Model: "m", PollScheme: "ftp"}, false},
+	} {
+		if err := tt.p.Validate(); (err == nil) != tt.ok {
+			t.Errorf("%s: err = %v", tt.name, err)
+		}
+	}
+}
+
+func TestHandlerCaddyfile(t *testing.T) {
+	tests := []struct {
+		name    string
+		input   string
+		want    Handler
+		wantErr bool
+	}{
+		{"defaults", `lm_warden`, Handler{}, false},
+		{"every setting", `lm_warden {
+			session_headers X-Session-Id X-Other
+			agent_header off
+			parent_agent_header X-Parent
+			body_keys off
+			fingerprint off
+			fingerprint_bytes 4KiB
+			model_var off
+			max_body 8MiB
+		}`, Handler{
+			SessionHeaders: []string{"X-Session-Id", "X-Other"}, AgentHeader: "-", ParentAgentHeader: "X-Parent",
+			NoBodyKeys: true, NoFingerprint: true, FingerprintBytes: 4096, NoModelVar: true, MaxBody: 8 << 20,
+		}, false},
+		{"bad size", `lm_warden {
+			max_body lots
+		}`, Handler{}, true},
+		{"no headers", `lm_warden {
+			session_headers
+		}`, Handler{}, true},
+		{"argument", `lm_warden now`, Handler{}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var h Handler
+			err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tt.input))
+			if (err != nil) != tt.wantErr {
+				t.Fatalf("err = %v, wantErr %v", err, tt.wantErr)
+			}
+			if err == nil && !reflect.DeepEqual(h, tt.want) {
+				t.Fatalf("got %+v\nwant %+v", h, tt.want)
+			}
+		})
+	}
+}
+
+func TestAPIOf(t *testing.T) {
+	for path, want := range map[string]apiKind{
+		"/v1/messages":              apiAnthropic,
+		"/v1/messages/count_tokens": apiAnthropic,
+		"/v1/chat/completions":      apiOpenAI,
+		"/v1/completions":           apiOpenAI,
+		"/v1/models":                apiOpenAI,
+	} {
+		if got := apiOf(path); got != want {
+			t.Errorf("%s: %v, want %v", path, got, want)
+		}
+	}
+}

@@ -16,6 +16,7 @@ func shortSim() SimConfig {
 
 func TestSimDirection(t *testing.T) {
 	cfg := shortSim()
+	cfg.Modes = CompareModes
 	rep, err := Sim(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -41,6 +42,49 @@ func TestSimDirection(t *testing.T) {
 		if on.TTFBP50S > off.TTFBP50S {
 			t.Errorf("%d sessions: TTFB p50 on %.2fs > off %.2fs", n, on.TTFBP50S, off.TTFBP50S)
 		}
+		if off.StayedPct >= 100 {
+			t.Errorf("%d sessions: per-request balancing kept every turn on its replica", n)
+		}
+		if h, _ := rep.Find(ModeHeader, n); h.StayedPct != 100 {
+			t.Errorf("%d sessions: header hash stayed %.1f%%, want 100", n, h.StayedPct)
+		}
+		for _, m := range []string{ModeLeastConn, ModeRoundRobin} {
+			if b, _ := rep.Find(m, n); b.PrefixHitPct >= on.PrefixHitPct {
+				t.Errorf("%d sessions: %s prefix hits %.1f%% ≥ affinity on %.1f%%", n, m, b.PrefixHitPct, on.PrefixHitPct)
+			}
+		}
+	}
+}
+
+// TestSimSevenGPUStory checks the direction of the brief's second story on
+// shortened stages: hashing the session ID is sticky but blind to load, so
+// at 26 sessions it leaves replicas idle, and placing by load keeps more of
+// the prompt cached.
+func TestSimSevenGPUStory(t *testing.T) {
+	cfg := SevenGPUSimConfig()
+	cfg.StageLength, cfg.Warmup = 4*time.Minute, time.Minute
+	rep, err := Sim(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b bytes.Buffer
+	rep.WriteTable(&b)
+	t.Logf("\n%s", b.String())
+	h26, _ := rep.Find(ModeHeader, 26)
+	on26, _ := rep.Find(ModeOn, 26)
+	if h26.ReplicasBusy >= on26.ReplicasBusy || h26.ReplicasBusy > 6 {
+		t.Errorf("26 sessions: header hash keeps %.2f replicas busy, affinity on %.2f; want idle replicas under the hash", h26.ReplicasBusy, on26.ReplicasBusy)
+	}
+	for _, n := range cfg.Stages {
+		h, _ := rep.Find(ModeHeader, n)
+		on, _ := rep.Find(ModeOn, n)
+		if on.PrefixHitPct <= h.PrefixHitPct || on.OutputTokensPerMin <= h.OutputTokensPerMin {
+			t.Errorf("%d sessions: on %.1f%% / %.0f tok/min vs header %.1f%% / %.0f tok/min", n, on.PrefixHitPct, on.OutputTokensPerMin, h.PrefixHitPct, h.OutputTokensPerMin)
+		}
+	}
+	on16, _ := rep.Find(ModeOn, 16)
+	if on16.PrefixHitPct <= on26.PrefixHitPct {
+		t.Errorf("cutting to 16 sessions did not raise the cached share: %.1f%% vs %.1f%% at 26", on16.PrefixHitPct, on26.PrefixHitPct)
 	}
 }
 

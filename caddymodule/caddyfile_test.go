@@ -15,10 +15,10 @@ func TestPolicyCaddyfile(t *testing.T) {
 	tests := []struct {
 		name    string
 		input   string
-		want    Policy
+		want    *Policy
 		wantErr bool
 	}{
-		{"inline model", `lm_warden qwen3-4b`, Policy{Model: "qwen3-4b"}, false},
+		{"inline model", `lm_warden qwen3-4b`, &Policy{Model: "qwen3-4b"}, false},
 		{"every setting", `lm_warden {
 			model qwen3-4b
 			affinity off
@@ -35,7 +35,7 @@ func TestPolicyCaddyfile(t *testing.T) {
 			data_parallel_size 4
 			client_pin_header X-LM-Warden-Replica
 			route_header off
-		}`, Policy{
+		}`, &Policy{
 			Model: "qwen3-4b", Affinity: ptr(false), SpillThreshold: 8, MaxNumSeqs: 32,
 			IdleTTL: caddy.Duration(time.Hour), ActiveWindow: caddy.Duration(10 * time.Minute),
 			MaxSessions: 5000, PollInterval: caddy.Duration(2 * time.Second),
@@ -46,27 +46,27 @@ func TestPolicyCaddyfile(t *testing.T) {
 			model m
 			spill_threshold auto
 			affinity on
-		}`, Policy{Model: "m", Affinity: ptr(true)}, false},
+		}`, &Policy{Model: "m", Affinity: ptr(true)}, false},
 		{"bad spill", `lm_warden {
 			spill_threshold zero
-		}`, Policy{}, true},
+		}`, &Policy{}, true},
 		{"bad affinity", `lm_warden {
 			affinity maybe
-		}`, Policy{}, true},
+		}`, &Policy{}, true},
 		{"bad duration", `lm_warden {
 			idle_ttl soon
-		}`, Policy{}, true},
+		}`, &Policy{}, true},
 		{"unknown option", `lm_warden {
 			colour blue
-		}`, Policy{}, true},
+		}`, &Policy{}, true},
 		{"relative metrics path", `lm_warden {
 			metrics_path metrics
-		}`, Policy{}, true},
-		{"two inline args", `lm_warden a b`, Policy{}, true},
+		}`, &Policy{}, true},
+		{"two inline args", `lm_warden a b`, &Policy{}, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var p Policy
+			p := new(Policy)
 			err := p.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tt.input))
 			if (err != nil) != tt.wantErr {
 				t.Fatalf("err = %v, wantErr %v", err, tt.wantErr)
@@ -81,13 +81,13 @@ func TestPolicyCaddyfile(t *testing.T) {
 func TestPolicyValidate(t *testing.T) {
 	for _, tt := range []struct {
 		name string
-		p    Policy
+		p    *Policy
 		ok   bool
 	}{
-		{"ok", Policy{Model: "m"}, true},
-		{"no model", Policy{}, false},
-		{"timeout not shorter than interval", Policy{Model: "m", PollInterval: caddy.Duration(time.Second), PollTimeout: caddy.Duration(time.Second)}, false},
-		{"bad scheme", Policy{Model: "m", PollScheme: "ftp"}, false},
+		{"ok", &Policy{Model: "m"}, true},
+		{"no model", &Policy{}, false},
+		{"timeout not shorter than interval", &Policy{Model: "m", PollInterval: caddy.Duration(time.Second), PollTimeout: caddy.Duration(time.Second)}, false},
+		{"bad scheme", &Policy{Model: "m", PollScheme: "ftp"}, false},
 	} {
 		if err := tt.p.Validate(); (err == nil) != tt.ok {
 			t.Errorf("%s: err = %v", tt.name, err)

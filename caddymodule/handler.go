@@ -287,21 +287,23 @@ func (h *Handler) readBody(r *http.Request) (body []byte, tooBig bool, err error
 	if r.ContentLength > h.MaxBody {
 		return nil, true, nil
 	}
-	var buf []byte
 	if r.ContentLength > 0 {
-		buf = make([]byte, 0, r.ContentLength+1)
+		// known length: one exact allocation
+		body = make([]byte, r.ContentLength)
+		if _, err := io.ReadFull(r.Body, body); err != nil {
+			return nil, false, err
+		}
 	} else {
-		buf = make([]byte, 0, 16<<10)
+		b := bytes.NewBuffer(make([]byte, 0, 16<<10))
+		n, err := b.ReadFrom(io.LimitReader(r.Body, h.MaxBody+1))
+		if err != nil {
+			return nil, false, err
+		}
+		if n > h.MaxBody {
+			return nil, true, nil
+		}
+		body = b.Bytes()
 	}
-	b := bytes.NewBuffer(buf)
-	n, err := b.ReadFrom(io.LimitReader(r.Body, h.MaxBody+1))
-	if err != nil {
-		return nil, false, err
-	}
-	if n > h.MaxBody {
-		return nil, true, nil
-	}
-	body = b.Bytes()
 	_ = r.Body.Close()
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }

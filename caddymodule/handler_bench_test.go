@@ -60,16 +60,18 @@ type benchCase struct {
 	header  bool
 	body    []byte
 	handler bool // lm_warden handler + policy; false: Caddy's least_conn alone
+	policy  bool // without handler: the lm_warden policy alone (header keys)
 }
 
 func BenchmarkRouteRequest(b *testing.B) {
 	small := []byte(`{"model":"qwen3-4b","max_tokens":256,"messages":[{"role":"user","content":"hi"}]}`)
 	big := bigBody(256<<10, "2b1e7f3a-0c4d-4f7e-9a1b-5c6d7e8f9a0b")
 	cases := []benchCase{
-		{"lm_warden/session-header", true, small, true},
-		{"lm_warden/body-user_id-256KB", false, big, true},
-		{"least_conn/session-header", true, small, false},
-		{"least_conn/body-256KB", false, big, false},
+		{"lm_warden/session-header", true, small, true, false},
+		{"lm_warden/body-user_id-256KB", false, big, true, false},
+		{"lm_warden-policy-only/session-header", true, small, false, true},
+		{"least_conn/session-header", true, small, false, false},
+		{"least_conn/body-256KB", false, big, false, false},
 	}
 	for _, bc := range cases {
 		b.Run(bc.name, func(b *testing.B) {
@@ -82,7 +84,7 @@ func BenchmarkRouteRequest(b *testing.B) {
 			p := benchPolicy(b, "bench-"+strings.ReplaceAll(bc.name, "/", "-"))
 			next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
 				var up *reverseproxy.Upstream
-				if bc.handler {
+				if bc.handler || bc.policy {
 					up = p.Select(pool, r, w)
 				} else {
 					up = lc.Select(pool, r, w)
@@ -107,7 +109,7 @@ func BenchmarkRouteRequest(b *testing.B) {
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				vars := make(map[string]any, 8)
-				ctx := context.WithValue(context.Background(), caddyhttp.VarsCtxKey, vars)
+				ctx, cancel := context.WithCancel(context.WithValue(context.Background(), caddyhttp.VarsCtxKey, vars))
 				r, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://gw/v1/messages", bytes.NewReader(bc.body))
 				r.Header.Set("Content-Type", "application/json")
 				if bc.header {
@@ -120,6 +122,7 @@ func BenchmarkRouteRequest(b *testing.B) {
 				} else {
 					err = next.ServeHTTP(w, r)
 				}
+				cancel() // the request ends
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -115,7 +115,10 @@ func bytesView(b []byte) string {
 // "session_id"), then metadata.session_id. The result is a copy, safe to
 // keep after the body is gone.
 func sessionFromBody(body string) string {
-	meta := gjson.Get(body, "metadata")
+	meta, ok := trailingMetadata(body)
+	if !ok {
+		meta = gjson.Get(body, "metadata")
+	}
 	if !meta.IsObject() {
 		return ""
 	}
@@ -137,6 +140,47 @@ func sessionFromBody(body string) string {
 	}
 	return ""
 }
+
+// trailingMetadata finds a top-level "metadata" object near the end of the
+// body without scanning the messages before it: clients put metadata after
+// the conversation, and a megabyte body is then read from the end. It takes
+// the last `"metadata":` in the body and accepts it only when what follows
+// its value proves it is a member of the outermost object: the rest, with
+// its leading comma replaced by "{", must be one valid JSON object (a nested
+// value would leave extra closing brackets). ok is false when the fast path
+// does not apply; the caller then looks the field up from the start.
+func trailingMetadata(body string) (gjson.Result, bool) {
+	const key = `"metadata"`
+	i := strings.LastIndex(body, key)
+	if i < 0 || len(body)-i > 64<<10 {
+		return gjson.Result{}, false
+	}
+	j := i + len(key)
+	for j < len(body) && isSpace(body[j]) {
+		j++
+	}
+	if j >= len(body) || body[j] != ':' {
+		return gjson.Result{}, false
+	}
+	v := gjson.Parse(body[j+1:])
+	if !v.IsObject() {
+		return gjson.Result{}, false
+	}
+	start := j + 1
+	for start < len(body) && isSpace(body[start]) {
+		start++
+	}
+	rest := strings.TrimSpace(body[start+len(v.Raw):])
+	switch {
+	case rest == "}":
+		return v, true
+	case strings.HasPrefix(rest, ",") && gjson.Valid("{"+rest[1:]):
+		return v, true
+	}
+	return gjson.Result{}, false
+}
+
+func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
 
 // modelFromBody returns the body's top-level "model" field (a copy).
 func modelFromBody(body string) string {

@@ -59,6 +59,11 @@ func TestSessionFromBody(t *testing.T) {
 		{"metadata not object", `{"metadata":"x"}`, ""},
 		{"empty session", `{"metadata":{"user_id":"user_a_session_"}}`, ""},
 		{"not json", `garbage`, ""},
+		{"keys after metadata", `{"messages":[],"metadata":{"user_id":"user_x_session_s1"},"max_tokens":5,"stream":true}`, "s1"},
+		{"nested metadata is not the client's", `{"tools":[{"metadata":{"session_id":"nested"}}],"messages":[]}`, ""},
+		{"nested after top-level", `{"metadata":{"user_id":"user_a_session_top"},"tools":[{"input_schema":{"metadata":{"session_id":"nested"}}}]}`, "top"},
+		{"nested last in an array", `{"metadata":{"session_id":"top"},"tools":[{"metadata":{"session_id":"nested"}}]}`, "top"},
+		{"metadata in a string", `{"metadata":{"session_id":"top"},"messages":[{"role":"user","content":""metadata":{"session_id":"fake"}"}]}`, "top"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"regexp"
 	"strings"
 	"sync"
@@ -525,4 +526,39 @@ func writeAdminError(w http.ResponseWriter, err error) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(apiErr.HTTPStatus)
 	_ = json.NewEncoder(w).Encode(apiErr)
+}
+
+// FuzzUIPath feeds arbitrary paths to the page server: it never panics and
+// answers a page, a view, an asset or a JSON error.
+func FuzzUIPath(f *testing.F) {
+	for _, p := range []string{"/lm-warden/", "/lm-warden/ui/", "/lm-warden/ui/qwen3-4b", "/lm-warden/ui/qwen3-4b/view.json",
+		"/lm-warden/ui/qwen3-4b/stats.json?replica=127.0.0.1:8001", "/lm-warden/ui/-/app.js?v=x", "/lm-warden/ui/%2F/view.json",
+		"/lm-warden/ui/a%zz", "/lm-warden/ui//stats.json", "/lm-warden/ui/-/models.json"} {
+		f.Add(p)
+	}
+	now := time.Now()
+	fx := newUIFixture(now)
+	b, err := loadUIBundle(uiFiles)
+	if err != nil {
+		f.Fatal(err)
+	}
+	s := &uiServer{bundle: b, fetch: fx.fetch, now: func() time.Time { return now }}
+	h := uiTestMux(s, fx)
+	f.Fuzz(func(t *testing.T, path string) {
+		u, err := url.ParseRequestURI(path)
+		if err != nil || !strings.HasPrefix(u.Path, "/lm-warden/") {
+			return
+		}
+		req := httptest.NewRequest(http.MethodGet, "/", nil)
+		req.URL = u
+		req.RequestURI = path
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		switch rec.Code {
+		case http.StatusOK, http.StatusNotModified, http.StatusNotFound, http.StatusBadRequest,
+			http.StatusMovedPermanently, http.StatusTemporaryRedirect: // the mux cleans paths
+		default:
+			t.Fatalf("%q: status %d: %s", path, rec.Code, rec.Body.String())
+		}
+	})
 }

@@ -457,9 +457,10 @@ func count[T int | uint64](n T) uiVal {
 	return uiVal{V: n, T: humanize.Comma(int64(n))}
 }
 
-// pct renders a 0–1 fraction as a percentage with one decimal.
+// pct renders a 0–1 fraction as a percentage with one decimal, kept even
+// when it is zero so a column of them lines up: 84.0%, 83.7%.
 func pct(f float64) uiVal {
-	return uiVal{V: f, T: humanize.FtoaWithDigits(f*100, 1) + "%"}
+	return uiVal{V: f, T: humanize.FormatFloat("#,###.#", f*100) + "%"}
 }
 
 // tokens renders a token count with an SI prefix: 1.2 k, 3.4 M.

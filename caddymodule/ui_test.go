@@ -309,7 +309,7 @@ func TestUIModelsView(t *testing.T) {
 	m := v.Models[0]
 	want := map[string]string{
 		"affinity": "on", "spill": "8 (auto)", "sticky": "100%", "in_flight": "3",
-		"replicas": "4 of 4 reachable", "bindings": "12", "share": "78%",
+		"replicas": "4 of 4 reachable", "bindings": "12", "share": "78.0%",
 	}
 	for k, w := range want {
 		if got := m.Cells[k].T; got != w {
@@ -337,13 +337,13 @@ func TestUICardView(t *testing.T) {
 				"requests": "1,234,567", "bindings": "12", "max_num_seqs": "32"},
 			row: 0,
 			cells: map[string]string{"held": "0", "sticky": "38", "spill_accepted": "0", "client_pinned": "0",
-				"run_wait": "0 / 0", "kv": "41%", "hit": "82.2%", "bindings": "3 (2 active)", "state": "reachable"},
+				"run_wait": "0 / 0", "kv": "41.0%", "hit": "82.2%", "bindings": "3 (2 active)", "state": "reachable"},
 			ok: true,
 		},
 		{
 			name:  "third replica",
 			row:   2,
-			cells: map[string]string{"sticky": "19", "spill_accepted": "2", "kv": "61%", "hit": "69%"},
+			cells: map[string]string{"sticky": "19", "spill_accepted": "2", "kv": "61.0%", "hit": "69.0%"},
 			ok:    true,
 		},
 		{
@@ -417,7 +417,7 @@ func TestUIStatsView(t *testing.T) {
 	if len(all.Cached) != 359 || all.StepS != 10 || !all.HasData {
 		t.Fatalf("points %d, step %v, has data %v", len(all.Cached), all.StepS, all.HasData)
 	}
-	if all.Share.T != "78%" || len(all.Replicas) != 4 {
+	if all.Share.T != "78.0%" || len(all.Replicas) != 4 {
 		t.Errorf("share %q, replicas %v", all.Share.T, all.Replicas)
 	}
 	// Point 0 covers seconds 9..18 (idle), the last point seconds 3589..3598.

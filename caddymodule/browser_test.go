@@ -37,6 +37,10 @@ import (
 // browserChromium is Debian's chromium, which scripts/test installs.
 const browserChromium = "/usr/bin/chromium"
 
+// browserRefresh is the page's refresh interval in the browser tests, 2 s
+// in production: the tests wait for several refreshes.
+const browserRefresh = 300 * time.Millisecond
+
 // newBrowserTab starts a headless chromium with a fresh profile and returns a
 // tab context bounded by timeout.
 func newBrowserTab(t *testing.T, timeout time.Duration) context.Context {
@@ -294,7 +298,7 @@ func TestBrowserPageFixture(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &uiServer{bundle: b, fetch: f.fetch, now: time.Now}
+	s := &uiServer{bundle: b, fetch: f.fetch, now: time.Now, refresh: browserRefresh}
 	ts := httptest.NewServer(uiTestMux(s, f))
 	t.Cleanup(ts.Close)
 
@@ -494,6 +498,8 @@ func browserTraffic(t *testing.T) time.Duration {
 // emulated replicas, drives conversations through it, freezes the traffic
 // and checks in chromium that the page shows what the admin JSON says.
 func TestBrowserRoutingCard(t *testing.T) {
+	defer func(r time.Duration) { uiRefresh = r }(uiRefresh)
+	uiRefresh = browserRefresh
 	long := browserTraffic(t)
 	ctx := newBrowserTab(t, 150*time.Second+long)
 

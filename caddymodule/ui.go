@@ -151,14 +151,18 @@ func loadUIBundle(files fs.FS) (*uiBundle, error) {
 	return b, nil
 }
 
+// uiRefresh is how often the page polls its view documents.
+var uiRefresh = 2 * time.Second
+
 // uiShellData fills web/index.html.
 type uiShellData struct {
-	Page   string // "models" or "card"
-	Model  string
-	Title  string
-	Base   string // relative path from the current URL to /lm-warden/ui/
-	JSVer  string
-	CSSVer string
+	Refresh int64  // milliseconds between refreshes
+	Page    string // "models" or "card"
+	Model   string
+	Title   string
+	Base    string // relative path from the current URL to /lm-warden/ui/
+	JSVer   string
+	CSSVer  string
 }
 
 // uiDataSource returns the admin JSON document at path (for example
@@ -168,9 +172,10 @@ type uiDataSource func(ctx context.Context, path string) (status int, body []byt
 // uiServer serves the page. fetch reads admin JSON in-process; now is the
 // clock used for relative times.
 type uiServer struct {
-	bundle *uiBundle
-	fetch  uiDataSource
-	now    func() time.Time
+	bundle  *uiBundle
+	fetch   uiDataSource
+	now     func() time.Time
+	refresh time.Duration // 0 → uiRefresh
 }
 
 // uiPrefix and uiRoot are the two paths the page is served under.
@@ -229,6 +234,10 @@ func uiNotFound(path string) error {
 }
 
 func (s *uiServer) serveShell(w http.ResponseWriter, r *http.Request, d uiShellData) error {
+	d.Refresh = uiRefresh.Milliseconds()
+	if s.refresh > 0 {
+		d.Refresh = s.refresh.Milliseconds()
+	}
 	d.JSVer = s.bundle.assets["app.js"].hash
 	d.CSSVer = s.bundle.assets["app.css"].hash
 	var buf bytes.Buffer

@@ -190,6 +190,7 @@ func TestUIShellRoutes(t *testing.T) {
 				`data-page="` + tc.page + `"`,
 				`data-model="` + tc.model + `"`,
 				`data-base="` + tc.base + `"`,
+				`data-refresh="2000"`,
 				`href="` + tc.base + `-/app.css?v=`,
 				`src="` + tc.base + `-/app.js?v=`,
 			} {

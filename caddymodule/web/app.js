@@ -6,7 +6,7 @@
   var page = body.dataset.page;
   var model = body.dataset.model;
   var base = body.dataset.base || "./";
-  var every = 2000;
+  var every = Number(body.dataset.refresh) || 2000;
   var live = document.getElementById("live");
   var replica = "";
   var busy = false;

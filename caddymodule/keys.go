@@ -162,15 +162,16 @@ func trailingMetadata(body string) (gjson.Result, bool) {
 	if j >= len(body) || body[j] != ':' {
 		return gjson.Result{}, false
 	}
-	v := gjson.Parse(body[j+1:])
-	if !v.IsObject() {
-		return gjson.Result{}, false
-	}
 	start := j + 1
 	for start < len(body) && isSpace(body[start]) {
 		start++
 	}
-	rest := strings.TrimSpace(body[start+len(v.Raw):])
+	end := objectEnd(body[start:])
+	if end < 0 {
+		return gjson.Result{}, false
+	}
+	v := gjson.Parse(body[start : start+end])
+	rest := strings.TrimSpace(body[start+end:])
 	switch {
 	case rest == "}":
 		return v, true
@@ -178,6 +179,33 @@ func trailingMetadata(body string) (gjson.Result, bool) {
 		return v, true
 	}
 	return gjson.Result{}, false
+}
+
+// objectEnd returns the length of the JSON object s starts with, or -1 when
+// s does not start with a complete object.
+func objectEnd(s string) int {
+	if s == "" || s[0] != '{' {
+		return -1
+	}
+	depth := 0
+	for i := 0; i < len(s); i++ {
+		switch s[i] {
+		case '"':
+			for i++; i < len(s) && s[i] != '"'; i++ {
+				if s[i] == '\\' {
+					i++
+				}
+			}
+		case '{', '[':
+			depth++
+		case '}', ']':
+			depth--
+			if depth == 0 {
+				return i + 1
+			}
+		}
+	}
+	return -1
 }
 
 func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }

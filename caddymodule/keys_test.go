@@ -4,6 +4,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/tidwall/gjson"
 )
 
 func TestFromHeaders(t *testing.T) {
@@ -134,6 +136,8 @@ func FuzzBodyKeys(f *testing.F) {
 	f.Add(`{"metadata":{"user_id":"user_a_account_b_session_c"}}`)
 	f.Add(`{"metadata":{"user_id":"{\"session_id\":\"s\"}"}}`)
 	f.Add(`{"system":"s","messages":[{"role":"user","content":[1,{"type":"image"}]}]}`)
+	f.Add(`{"messages":[],"metadata":{"user_id":"u_session_s"},"stream":true}`)
+	f.Add(`{"tools":[{"metadata":{"a":"}"}}],"x":1}`)
 	f.Fuzz(func(t *testing.T, body string) {
 		if k := sessionFromBody(body); len(k) > maxKeyLen {
 			t.Fatalf("key longer than %d: %d", maxKeyLen, len(k))
@@ -146,5 +150,13 @@ func FuzzBodyKeys(f *testing.F) {
 			t.Fatal("fingerprint not deterministic")
 		}
 		_ = modelFromBody(body)
+		// the fast path from the end agrees with a lookup from the start
+		if gjson.Valid(body) && strings.Count(body, `"metadata"`) == 1 {
+			if v, ok := trailingMetadata(body); ok {
+				if full := gjson.Get(body, "metadata"); full.Raw != v.Raw {
+					t.Fatalf("from the end %q, from the start %q", v.Raw, full.Raw)
+				}
+			}
+		}
 	})
 }

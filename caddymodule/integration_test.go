@@ -519,6 +519,25 @@ func TestDataParallelRank(t *testing.T) {
 	}
 }
 
+func TestSubAgentPlacedNextToItsParent(t *testing.T) {
+	fs := startFakes(t, 4)
+	loadSite(t, fmt.Sprintf(`
+	lm_warden
+	reverse_proxy %s {
+		%s
+	}`, dialList(fs), policyBlock("sub", "spill_threshold 4")))
+	main := sendTurn(t, "/v1/messages", chatTurn("main", 1, false), map[string]string{"X-Claude-Code-Session-Id": "s"})
+	for _, agent := range []string{"a1", "a2", "a3"} {
+		res := sendTurn(t, "/v1/messages", chatTurn(agent, 1, false), map[string]string{"X-Claude-Code-Session-Id": "s", "X-Claude-Code-Agent-Id": agent})
+		if res.replica != main.replica || res.reason != "placed" {
+			t.Errorf("sub-agent %s: %s; %s, want its parent's replica %s", agent, res.replica, res.reason, main.replica)
+		}
+	}
+	if c := getCard(t, "sub"); c.Bindings != 4 {
+		t.Errorf("%d bindings, want the main conversation and three sub-agents", c.Bindings)
+	}
+}
+
 func TestClientPin(t *testing.T) {
 	fs := startFakes(t, 3)
 	loadSite(t, fmt.Sprintf(`
@@ -526,6 +545,10 @@ func TestClientPin(t *testing.T) {
 	reverse_proxy %s {
 		%s
 	}`, dialList(fs), policyBlock("pin", "client_pin_header X-LM-Warden-Replica")))
+	// the static upstreams are known (and polled) before the first request
+	if c := getCard(t, "pin"); len(c.Replicas) != 3 {
+		t.Fatalf("card before traffic has %d replicas, want 3", len(c.Replicas))
+	}
 	for i := 0; i < 3; i++ {
 		res := sendTurn(t, "/v1/messages", chatTurn("p", 1, false), map[string]string{"X-LM-Warden-Replica": fs[2].addr, "X-Claude-Code-Session-Id": "p"})
 		if res.replica != fs[2].addr || res.reason != "client-pinned" {

@@ -53,6 +53,12 @@ http://127.0.0.1:%d {
 	if t.Failed() {
 		t.FailNow()
 	}
+	// connections to the previous configuration's server are closing
+	if tr, ok := testClient.Transport.(*http.Transport); ok {
+		tr.CloseIdleConnections()
+	} else {
+		http.DefaultTransport.(*http.Transport).CloseIdleConnections()
+	}
 }
 
 func dialList(fs []*fakeVLLM) string {
@@ -838,5 +844,54 @@ func TestCaddyfileExampleAdaptsAndValidates(t *testing.T) {
 	}
 	if err := caddy.Validate(&cfg); err != nil {
 		t.Fatalf("validating: %v", err)
+	}
+}
+
+func TestFailedReloadChangesNothing(t *testing.T) {
+	fs := startFakes(t, 2)
+	site := func(threshold int, extra string) string {
+		return fmt.Sprintf(`
+	lm_warden
+	reverse_proxy %s {
+		%s
+	}
+	%s`, dialList(fs), policyBlock("keep", fmt.Sprintf("spill_threshold %d", threshold)), extra)
+	}
+	loadSite(t, site(3, ""))
+	// a configuration whose second model is invalid is refused as a whole
+	bad := fmt.Sprintf(`{
+	admin localhost:%d
+	http_port %d
+	auto_https off
+	default_bind 127.0.0.1
+}
+http://127.0.0.1:%d {
+	route {
+		%s
+	}
+}`, testAdminPort, testHTTPPort, testHTTPPort, site(7, fmt.Sprintf(`reverse_proxy /never %s {
+		lb_policy lm_warden {
+			model broken
+			poll_interval 1s
+			poll_timeout 2s
+		}
+	}`, fs[0].addr)))
+	resp, err := testClient.Post(fmt.Sprintf("http://localhost:%d/load", testAdminPort), "text/caddyfile", strings.NewReader(bad))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode == http.StatusOK {
+		t.Fatalf("invalid configuration loaded: %s", b)
+	}
+	if c := getCard(t, "keep"); c.SpillThreshold != 3 {
+		t.Errorf("a refused configuration changed the running model: spill threshold %d", c.SpillThreshold)
+	}
+	if _, ok := lookupModel("broken"); ok {
+		t.Error("the refused configuration's model stayed registered")
+	}
+	if res := sendTurn(t, "/v1/messages", chatTurn("k", 1, false), nil); res.status != http.StatusOK {
+		t.Errorf("old configuration stopped serving: %d", res.status)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"go.uber.org/zap"
 
 	"github.com/lmwarden/caddy-lmwarden/placement"
 	"github.com/lmwarden/caddy-lmwarden/vllmstats"
@@ -110,6 +111,7 @@ type Policy struct {
 	RouteHeader *bool `json:"route_header,omitempty"`
 
 	m           *modelState
+	logger      *zap.Logger
 	routeHeader bool
 	pinHeader   string
 	ranks       []string
@@ -169,14 +171,20 @@ func (p *Policy) Provision(ctx caddy.Context) error {
 		return err
 	}
 	rcfg := p.routerConfig()
-	val, _, err := modelStates.LoadOrNew(p.Model, func() (caddy.Destructor, error) {
+	val, loaded, err := modelStates.LoadOrNew(p.Model, func() (caddy.Destructor, error) {
 		return newModelState(p.Model, rcfg), nil
 	})
 	if err != nil {
 		return fmt.Errorf("model %s: %w", p.Model, err)
 	}
 	p.m = val.(*modelState)
-	p.m.configure(rcfg, p.pollSettings(), ctx.Logger())
+	p.logger = ctx.Logger()
+	if !loaded {
+		// nobody else uses this state yet
+		p.apply()
+	}
+	// else the running configuration keeps its settings until this one
+	// starts (App.Start): a configuration that fails to load changes nothing
 	p.routeHeader = p.RouteHeader == nil || *p.RouteHeader
 	p.pinHeader = p.ClientPinHeader
 	n := max(1, p.DataParallelSize)
@@ -192,6 +200,11 @@ func (p *Policy) Provision(ctx caddy.Context) error {
 	}
 	appVal.(*App).add(p.m, p)
 	return registerMetrics(ctx.GetMetricsRegistry())
+}
+
+// apply gives the model's shared state this policy's settings.
+func (p *Policy) apply() {
+	p.m.configure(p.routerConfig(), p.pollSettings(), p.logger)
 }
 
 // Validate checks the configuration.

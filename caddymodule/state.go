@@ -265,11 +265,16 @@ func (a *App) add(m *modelState, p *Policy) {
 	a.mu.Unlock()
 }
 
-// Start tells every model of this configuration its static upstreams (so
-// polling and the card start before the first request) and starts polling.
+// Start applies this configuration's settings to its models (a reload
+// changes a running model only once the new configuration starts), tells
+// them their static upstreams (so polling and the card start before the
+// first request) and starts polling.
 func (a *App) Start() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	for _, p := range a.policies {
+		p.apply()
+	}
 	if a.ctx.Context != nil && len(a.policies) > 0 {
 		if httpApp, err := a.ctx.AppIfConfigured("http"); err == nil {
 			if app, ok := httpApp.(*caddyhttp.App); ok {

@@ -670,13 +670,15 @@ http://127.0.0.1:%[5]d {
 		t.Errorf("no cached tokens in the hour after repeated turns: %+v", stats.Totals)
 	}
 	for _, doc := range []string{"/lm-warden/ui/qwen3-4b/view.json", "/lm-warden/ui/qwen3-4b/stats.json"} {
-		r, err := http.Get(admin + doc)
+		req, _ := http.NewRequest(http.MethodGet, admin+doc, nil)
+		req.Header.Set("Accept-Encoding", "gzip") // and read it as sent
+		r, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
 		b, _ := io.ReadAll(r.Body)
 		r.Body.Close()
-		t.Logf("page weight: %s with traffic: %d B per refresh", doc, len(b))
+		t.Logf("page weight: %s with traffic: %d B body per refresh (%s)", doc, len(b), r.Header.Get("Content-Encoding"))
 	}
 
 	path := browserScreenshot(t, ctx, "routing-card.png")

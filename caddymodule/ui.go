@@ -293,7 +293,9 @@ func (s *uiServer) load(ctx context.Context, path string, into any) error {
 	return nil
 }
 
-func writeUIJSON(w http.ResponseWriter, v any) error {
+// writeUIJSON writes a view document, gzipped when the client takes it and
+// the document is big enough to gain (the chart's series are).
+func writeUIJSON(w http.ResponseWriter, r *http.Request, v any) error {
 	body, err := json.Marshal(v)
 	if err != nil {
 		return caddy.APIError{HTTPStatus: http.StatusInternalServerError, Err: fmt.Errorf("encoding view: %w", err)}
@@ -302,6 +304,17 @@ func writeUIJSON(w http.ResponseWriter, v any) error {
 	uiSecurityHeaders(h)
 	h.Set("Content-Type", "application/json")
 	h.Set("Cache-Control", "no-store")
+	h.Set("Vary", "Accept-Encoding")
+	if len(body) >= 1024 && acceptsGzip(r) {
+		var buf bytes.Buffer
+		zw, _ := gzip.NewWriterLevel(&buf, gzip.BestSpeed)
+		_, _ = zw.Write(body)
+		if err := zw.Close(); err == nil {
+			h.Set("Content-Encoding", "gzip")
+			body = buf.Bytes()
+		}
+	}
+	h.Set("Content-Length", strconv.Itoa(len(body)))
 	_, err = w.Write(body)
 	return err
 }
@@ -311,7 +324,7 @@ func (s *uiServer) serveModelsView(w http.ResponseWriter, r *http.Request) error
 	if err := s.load(r.Context(), "/lm-warden/models", &doc); err != nil {
 		return err
 	}
-	return writeUIJSON(w, buildModelsView(doc))
+	return writeUIJSON(w, r, buildModelsView(doc))
 }
 
 func (s *uiServer) serveCardView(w http.ResponseWriter, r *http.Request, model string) error {
@@ -319,7 +332,7 @@ func (s *uiServer) serveCardView(w http.ResponseWriter, r *http.Request, model s
 	if err := s.load(r.Context(), "/lm-warden/models/"+url.PathEscape(model), &doc); err != nil {
 		return err
 	}
-	return writeUIJSON(w, buildCardView(doc, s.now()))
+	return writeUIJSON(w, r, buildCardView(doc, s.now()))
 }
 
 func (s *uiServer) serveStatsView(w http.ResponseWriter, r *http.Request, model, replica string) error {
@@ -331,7 +344,7 @@ func (s *uiServer) serveStatsView(w http.ResponseWriter, r *http.Request, model,
 	if err != nil {
 		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: err}
 	}
-	return writeUIJSON(w, v)
+	return writeUIJSON(w, r, v)
 }
 
 // Admin documents, as GET /lm-warden/models… returns them.

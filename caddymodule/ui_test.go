@@ -440,6 +440,19 @@ func TestUIStatsView(t *testing.T) {
 		t.Errorf("axis top %v below the data", all.PromptMax.V)
 	}
 
+	gz := uiGet(t, h, "/lm-warden/ui/qwen3-4b/stats.json", "Accept-Encoding", "gzip")
+	if gz.Header.Get("Content-Encoding") != "gzip" {
+		t.Fatalf("stats view not gzipped: %v", gz.Header)
+	}
+	zr, err := gzip.NewReader(gz.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var unzipped uiStatsView
+	if err := json.NewDecoder(zr).Decode(&unzipped); err != nil || len(unzipped.Cached) != len(all.Cached) {
+		t.Errorf("gzipped stats view: %v, %d points", err, len(unzipped.Cached))
+	}
+
 	one, resp := uiDecodeView[uiStatsView](t, h, "/lm-warden/ui/qwen3-4b/stats.json?replica=127.0.0.1:8001")
 	if resp.StatusCode != http.StatusOK || one.Replica != "127.0.0.1:8001" {
 		t.Fatalf("status %d, replica %q", resp.StatusCode, one.Replica)

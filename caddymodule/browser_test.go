@@ -667,7 +667,7 @@ http://127.0.0.1:%[5]d {
 		t.Errorf("cached share shows %q, admin JSON %q", got.Share.T, wantShare)
 	}
 	if stats.HourCachedShare <= 0 {
-		t.Errorf("no cached tokens in the hour after repeated turns: %+v", stats.Totals)
+		t.Errorf("no cached uiTokenCount in the hour after repeated turns: %+v", stats.Totals)
 	}
 	for _, doc := range []string{"/lm-warden/ui/qwen3-4b/view.json", "/lm-warden/ui/qwen3-4b/stats.json"} {
 		req, _ := http.NewRequest(http.MethodGet, admin+doc, nil)

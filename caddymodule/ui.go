@@ -90,7 +90,7 @@ func (a *uiAsset) serve(w http.ResponseWriter, r *http.Request, cacheFor time.Du
 		h.Set("Cache-Control", "no-cache")
 	}
 	body, etag := a.body, `"`+a.hash+`"`
-	if a.gz != nil && acceptsGzip(r) {
+	if a.gz != nil && uiAcceptsGzip(r) {
 		body, etag = a.gz, `"`+a.hash+`-gz"`
 		h.Set("Content-Encoding", "gzip")
 	}
@@ -106,7 +106,7 @@ func (a *uiAsset) serve(w http.ResponseWriter, r *http.Request, cacheFor time.Du
 	}
 }
 
-func acceptsGzip(r *http.Request) bool {
+func uiAcceptsGzip(r *http.Request) bool {
 	for _, part := range strings.Split(r.Header.Get("Accept-Encoding"), ",") {
 		name, q, _ := strings.Cut(strings.TrimSpace(part), ";")
 		if strings.EqualFold(strings.TrimSpace(name), "gzip") {
@@ -305,7 +305,7 @@ func writeUIJSON(w http.ResponseWriter, r *http.Request, v any) error {
 	h.Set("Content-Type", "application/json")
 	h.Set("Cache-Control", "no-store")
 	h.Set("Vary", "Accept-Encoding")
-	if len(body) >= 1024 && acceptsGzip(r) {
+	if len(body) >= 1024 && uiAcceptsGzip(r) {
 		var buf bytes.Buffer
 		zw, _ := gzip.NewWriterLevel(&buf, gzip.BestSpeed)
 		_, _ = zw.Write(body)
@@ -475,25 +475,27 @@ type uiStatsView struct {
 	HasData   bool             `json:"has_data"`
 }
 
-func count[T int | uint64](n T) uiVal {
+// uiCount renders a counter with thousands separators: 1,234,567.
+func uiCount[T int | uint64](n T) uiVal {
 	return uiVal{V: n, T: humanize.Comma(int64(n))}
 }
 
-// pct renders a 0–1 fraction as a percentage with one decimal, kept even
+// uiPct renders a 0–1 fraction as a percentage with one decimal, kept even
 // when it is zero so a column of them lines up: 84.0%, 83.7%.
-func pct(f float64) uiVal {
+func uiPct(f float64) uiVal {
 	return uiVal{V: f, T: humanize.FormatFloat("#,###.#", f*100) + "%"}
 }
 
-// tokens renders a token count with an SI prefix: 1.2 k, 3.4 M.
-func tokens(n uint64) uiVal {
+// uiTokenCount renders a token count with an SI prefix: 1.2 k, 3.4 M.
+func uiTokenCount(n uint64) uiVal {
 	if n < 10000 {
 		return uiVal{V: n, T: humanize.Comma(int64(n))}
 	}
 	return uiVal{V: n, T: humanize.SIWithDigits(float64(n), 1, "")}
 }
 
-func rate(f float64) uiVal {
+// uiRate renders tokens per second with an SI prefix: 1.2 ktok/s.
+func uiRate(f float64) uiVal {
 	return uiVal{V: f, T: humanize.SIWithDigits(f, 1, "tok/s")}
 }
 
@@ -504,27 +506,27 @@ func buildModelsView(doc uiModelsDoc) uiModelsView {
 			Model: m.Model,
 			Href:  url.PathEscape(m.Model),
 			Cells: map[string]uiVal{
-				"affinity":  onOff(m.Affinity),
-				"spill":     spill(m.SpillThreshold, m.SpillAuto),
+				"affinity":  uiOnOff(m.Affinity),
+				"spill":     uiSpill(m.SpillThreshold, m.SpillAuto),
 				"sticky":    uiVal{V: m.StickyPct, T: humanize.FtoaWithDigits(m.StickyPct, 1) + "%"},
-				"in_flight": count(m.InFlight),
+				"in_flight": uiCount(m.InFlight),
 				"replicas":  {V: m.Replicas, T: fmt.Sprintf("%d of %d reachable", m.Reachable, m.Replicas)},
-				"bindings":  count(m.Bindings),
-				"share":     pct(m.HourCachedShare),
+				"bindings":  uiCount(m.Bindings),
+				"share":     uiPct(m.HourCachedShare),
 			},
 		})
 	}
 	return v
 }
 
-func onOff(on bool) uiVal {
+func uiOnOff(on bool) uiVal {
 	if on {
 		return uiVal{V: true, T: "on"}
 	}
 	return uiVal{V: false, T: "off"}
 }
 
-func spill(n int, auto bool) uiVal {
+func uiSpill(n int, auto bool) uiVal {
 	t := humanize.Comma(int64(n))
 	if auto {
 		t += " (auto)"
@@ -537,14 +539,14 @@ func buildCardView(doc uiCardDoc, now time.Time) uiCardView {
 		Model:    doc.Model,
 		Writable: doc.Writable,
 		Head: map[string]uiVal{
-			"affinity":     onOff(doc.Affinity),
-			"spill":        spill(doc.SpillThreshold, doc.SpillAuto),
+			"affinity":     uiOnOff(doc.Affinity),
+			"spill":        uiSpill(doc.SpillThreshold, doc.SpillAuto),
 			"sticky":       {V: doc.StickyPct, T: humanize.FtoaWithDigits(doc.StickyPct, 1) + "%"},
-			"in_flight":    count(doc.InFlight),
-			"requests":     count(doc.Requests),
-			"keyed":        count(doc.KeyedRequests),
-			"bindings":     count(doc.Bindings),
-			"max_num_seqs": count(doc.MaxNumSeqs),
+			"in_flight":    uiCount(doc.InFlight),
+			"requests":     uiCount(doc.Requests),
+			"keyed":        uiCount(doc.KeyedRequests),
+			"bindings":     uiCount(doc.Bindings),
+			"max_num_seqs": uiCount(doc.MaxNumSeqs),
 		},
 		Since: uiVal{V: doc.Since, T: "counters since " + doc.Since.UTC().Format("2006-01-02 15:04:05 UTC") +
 			" (" + humanize.RelTime(doc.Since, now, "ago", "from now") + ")"},
@@ -570,14 +572,14 @@ func buildCardView(doc uiCardDoc, now time.Time) uiCardView {
 			ID: r.ID,
 			OK: ok,
 			Cells: map[string]uiVal{
-				"held":           count(r.Held),
-				"sticky":         count(r.Sticky),
-				"spill_accepted": count(r.SpillAccepted),
-				"client_pinned":  count(r.ClientPinned),
+				"held":           uiCount(r.Held),
+				"sticky":         uiCount(r.Sticky),
+				"spill_accepted": uiCount(r.SpillAccepted),
+				"client_pinned":  uiCount(r.ClientPinned),
 				"run_wait": {V: []float64{r.Running, r.Waiting},
 					T: humanize.FtoaWithDigits(r.Running, 0) + " / " + humanize.FtoaWithDigits(r.Waiting, 0)},
-				"kv":       pct(r.KVUsage),
-				"hit":      pct(r.PrefixHitRate),
+				"kv":       uiPct(r.KVUsage),
+				"hit":      uiPct(r.PrefixHitRate),
 				"bindings": {V: r.Bindings, T: humanize.Comma(int64(r.Bindings)) + " (" + humanize.Comma(int64(r.Active)) + " active)"},
 				"state":    state,
 			},
@@ -589,8 +591,8 @@ func buildCardView(doc uiCardDoc, now time.Time) uiCardView {
 // uiChartPoints is how many points the chart draws for the hour.
 const uiChartPoints = 360
 
-// errNoReplica is returned for a replica the stats document does not know.
-var errNoReplica = errors.New("no such replica")
+// errUIUnknownReplica is returned for a replica the stats document does not know.
+var errUIUnknownReplica = errors.New("no such replica")
 
 // buildStatsView turns the per-second buckets into tokens/s over
 // uiChartPoints equal slices of the window. The newest bucket is the second
@@ -600,7 +602,7 @@ func buildStatsView(doc uiStatsDoc, replica string) (uiStatsView, error) {
 	if replica != "" {
 		s, ok := doc.Replicas[replica]
 		if !ok {
-			return uiStatsView{}, fmt.Errorf("%w %q in model %q", errNoReplica, replica, doc.Model)
+			return uiStatsView{}, fmt.Errorf("%w %q in model %q", errUIUnknownReplica, replica, doc.Model)
 		}
 		series = s
 	}
@@ -642,9 +644,9 @@ func buildStatsView(doc uiStatsDoc, replica string) (uiStatsView, error) {
 		tot.Computed += p
 		tot.Generated += g
 		secs := float64(per) * step
-		v.Cached[i] = round1(float64(c) / secs)
-		v.Computed[i] = round1(float64(p) / secs)
-		v.Generated[i] = round1(float64(g) / secs)
+		v.Cached[i] = uiRound1(float64(c) / secs)
+		v.Computed[i] = uiRound1(float64(p) / secs)
+		v.Generated[i] = uiRound1(float64(g) / secs)
 		promptMax = math.Max(promptMax, v.Cached[i]+v.Computed[i])
 		genMax = math.Max(genMax, v.Generated[i])
 		sumC += float64(c)
@@ -657,22 +659,22 @@ func buildStatsView(doc uiStatsDoc, replica string) (uiStatsView, error) {
 			share = sumC / (sumC + sumP)
 		}
 	}
-	v.Share = pct(share)
-	v.PromptMax = rate(niceCeil(promptMax))
-	v.GenMax = rate(niceCeil(genMax))
+	v.Share = uiPct(share)
+	v.PromptMax = uiRate(uiNiceCeil(promptMax))
+	v.GenMax = uiRate(uiNiceCeil(genMax))
 	v.HasData = promptMax > 0 || genMax > 0
 	v.Totals = map[string]uiVal{
-		"cached":    tokens(tot.Cached),
-		"computed":  tokens(tot.Computed),
-		"generated": tokens(tot.Generated),
+		"cached":    uiTokenCount(tot.Cached),
+		"computed":  uiTokenCount(tot.Computed),
+		"generated": uiTokenCount(tot.Generated),
 	}
 	return v, nil
 }
 
-func round1(f float64) float64 { return math.Round(f*10) / 10 }
+func uiRound1(f float64) float64 { return math.Round(f*10) / 10 }
 
-// niceCeil rounds f up to 1, 2 or 5 times a power of ten (at least 1).
-func niceCeil(f float64) float64 {
+// uiNiceCeil rounds f up to 1, 2 or 5 times a power of ten (at least 1).
+func uiNiceCeil(f float64) float64 {
 	if f <= 1 {
 		return 1
 	}

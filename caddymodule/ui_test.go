@@ -432,7 +432,7 @@ func TestUIStatsView(t *testing.T) {
 		wantGen += float64(f.stats.Sum.Generated[j])
 	}
 	last := len(all.Cached) - 1
-	if all.Cached[last] != round1(wantCached/10) || all.Computed[last] != round1(wantComputed/10) || all.Generated[last] != round1(wantGen/10) {
+	if all.Cached[last] != uiRound1(wantCached/10) || all.Computed[last] != uiRound1(wantComputed/10) || all.Generated[last] != uiRound1(wantGen/10) {
 		t.Errorf("last point %v/%v/%v, want %v/%v/%v", all.Cached[last], all.Computed[last], all.Generated[last],
 			wantCached/10, wantComputed/10, wantGen/10)
 	}
@@ -503,17 +503,17 @@ func TestUIErrors(t *testing.T) {
 	}
 }
 
-func TestNiceCeil(t *testing.T) {
+func TestUINiceCeil(t *testing.T) {
 	for _, tc := range []struct{ in, want float64 }{
 		{0, 1}, {0.3, 1}, {1, 1}, {1.5, 2}, {2, 2}, {3, 5}, {7, 10}, {10, 10}, {11, 20}, {4999, 5000}, {5001, 10000},
 	} {
-		if got := niceCeil(tc.in); got != tc.want {
+		if got := uiNiceCeil(tc.in); got != tc.want {
 			t.Errorf("niceCeil(%v) = %v, want %v", tc.in, got, tc.want)
 		}
 	}
 }
 
-func TestAcceptsGzip(t *testing.T) {
+func TestUIAcceptsGzip(t *testing.T) {
 	for _, tc := range []struct {
 		in   string
 		want bool
@@ -522,7 +522,7 @@ func TestAcceptsGzip(t *testing.T) {
 	} {
 		r := httptest.NewRequest(http.MethodGet, "/", nil)
 		r.Header.Set("Accept-Encoding", tc.in)
-		if got := acceptsGzip(r); got != tc.want {
+		if got := uiAcceptsGzip(r); got != tc.want {
 			t.Errorf("acceptsGzip(%q) = %v", tc.in, got)
 		}
 	}

@@ -98,6 +98,11 @@ func writeJSON(w http.ResponseWriter, v any) error {
 	return json.NewEncoder(w).Encode(v)
 }
 
+// ModelList is the answer of GET /lm-warden/models.
+type ModelList struct {
+	Models []ModelSummary `json:"models"`
+}
+
 // ModelSummary is one entry of GET /lm-warden/models.
 type ModelSummary struct {
 	Model           string  `json:"model"`
@@ -117,9 +122,7 @@ func (adminAPI) handleModels(w http.ResponseWriter, r *http.Request) error {
 		return apiErr(http.StatusMethodNotAllowed, "method not allowed")
 	}
 	now := time.Now()
-	out := struct {
-		Models []ModelSummary `json:"models"`
-	}{Models: []ModelSummary{}}
+	out := ModelList{Models: []ModelSummary{}}
 	for _, m := range models() {
 		s := m.router.Snapshot()
 		ps := m.pollerSnapshot()

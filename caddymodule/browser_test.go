@@ -154,7 +154,7 @@ func browserWaitRenders(t *testing.T, ctx context.Context, n int) {
 
 // browserExpectCard checks that the DOM shows exactly the admin card: raw values
 // in data-v and the humanised text.
-func browserExpectCard(t *testing.T, got browserCard, want uiCardDoc) {
+func browserExpectCard(t *testing.T, got browserCard, want Card) {
 	t.Helper()
 	fnum := func(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }
 	pctText := func(f float64) string { return humanize.FormatFloat("#,###.#", f*100) + "%" }
@@ -198,8 +198,8 @@ func browserExpectCard(t *testing.T, got browserCard, want uiCardDoc) {
 		check(w.ID+" sticky", c["sticky"], strconv.FormatUint(w.Sticky, 10), humanize.Comma(int64(w.Sticky)))
 		check(w.ID+" spill-accepted", c["spill_accepted"], strconv.FormatUint(w.SpillAccepted, 10), humanize.Comma(int64(w.SpillAccepted)))
 		check(w.ID+" client-pinned", c["client_pinned"], strconv.FormatUint(w.ClientPinned, 10), humanize.Comma(int64(w.ClientPinned)))
-		check(w.ID+" running/waiting", c["run_wait"], "["+fnum(w.Running)+","+fnum(w.Waiting)+"]",
-			fmt.Sprintf("%d / %d", int(w.Running), int(w.Waiting)))
+		check(w.ID+" running/waiting", c["run_wait"], "["+strconv.Itoa(w.Running)+","+strconv.Itoa(w.Waiting)+"]",
+			humanize.Comma(int64(w.Running))+" / "+humanize.Comma(int64(w.Waiting)))
 		check(w.ID+" KV", c["kv"], fnum(w.KVUsage), pctText(w.KVUsage))
 		check(w.ID+" prefix hit rate", c["hit"], fnum(w.PrefixHitRate), pctText(w.PrefixHitRate))
 		check(w.ID+" bindings", c["bindings"], strconv.Itoa(w.Bindings), fmt.Sprintf("%d (%d active)", w.Bindings, w.Active))
@@ -448,23 +448,23 @@ func browserGetAdmin(t *testing.T, url string, into any) {
 // browserStableCard reads the admin card until two reads a poll interval apart
 // agree on every number the page shows: the traffic has stopped and the
 // poller has caught up.
-func browserStableCard(t *testing.T, url string, settle time.Duration) uiCardDoc {
+func browserStableCard(t *testing.T, url string, settle time.Duration) Card {
 	t.Helper()
-	key := func(c uiCardDoc) string {
+	key := func(c Card) string {
 		c.Since = time.Time{}
 		c.Replicas = slices.Clone(c.Replicas)
 		for i := range c.Replicas {
-			c.Replicas[i].LastSeen = time.Time{}
+			c.Replicas[i].LastSeen = nil
 		}
 		b, _ := json.Marshal(c)
 		return string(b)
 	}
-	var prev uiCardDoc
+	var prev Card
 	browserGetAdmin(t, url, &prev)
 	deadline := time.Now().Add(settle)
 	for time.Now().Before(deadline) {
 		time.Sleep(700 * time.Millisecond)
-		var cur uiCardDoc
+		var cur Card
 		browserGetAdmin(t, url, &cur)
 		idle := cur.InFlight == 0
 		for _, r := range cur.Replicas {
@@ -644,7 +644,7 @@ http://127.0.0.1:%[5]d {
 	}
 
 	// The numbers equal the admin JSON read at the same moment.
-	var before, after uiCardDoc
+	var before, after Card
 	browserGetAdmin(t, cardURL, &before)
 	browserWaitRenders(t, ctx, 1)
 	got := browserReadCard(t, ctx)
@@ -658,7 +658,7 @@ http://127.0.0.1:%[5]d {
 	}
 
 	// The chart has data, and the headline is the admin's hour share.
-	var stats uiStatsDoc
+	var stats Stats
 	browserGetAdmin(t, cardURL+"/stats", &stats)
 	if got.ChartEmpty || got.ChartPath < 100 || got.GenPath < 100 || got.Points == "" || got.Points == "0" {
 		t.Errorf("chart has no data: path %d/%d chars, %s points, empty=%v", got.ChartPath, got.GenPath, got.Points, got.ChartEmpty)
@@ -718,7 +718,7 @@ http://127.0.0.1:%[5]d {
 		msg, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`document.getElementById("action-msg").textContent`))
 		t.Fatalf("affinity toggle: %v (%s)", err, msg)
 	}
-	var offCard uiCardDoc
+	var offCard Card
 	browserGetAdmin(t, cardURL, &offCard)
 	if offCard.Affinity {
 		t.Error("admin JSON still says affinity on after the toggle")
@@ -732,7 +732,7 @@ http://127.0.0.1:%[5]d {
 		msg, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`document.getElementById("action-msg").textContent`))
 		t.Fatalf("unpin: %v (%s)", err, msg)
 	}
-	var unpinned uiCardDoc
+	var unpinned Card
 	browserGetAdmin(t, cardURL, &unpinned)
 	if unpinned.Bindings != offCard.Bindings-1 {
 		t.Errorf("bindings %d after unpinning, %d before", unpinned.Bindings, offCard.Bindings)
@@ -771,7 +771,7 @@ http://127.0.0.1:%[5]d {
 		t.Fatalf("the card behind auth: %v %+v", err, resp)
 	}
 	browserWaitRenders(t, ctx, 2)
-	var authCard uiCardDoc
+	var authCard Card
 	browserGetAdmin(t, cardURL, &authCard)
 	browserExpectCard(t, browserReadCard(t, ctx), authCard)
 	if err := chromedp.Do(ctx, chromedp.Click(chromedp.ID("toggle-affinity"))); err != nil {

@@ -320,7 +320,7 @@ func writeUIJSON(w http.ResponseWriter, r *http.Request, v any) error {
 }
 
 func (s *uiServer) serveModelsView(w http.ResponseWriter, r *http.Request) error {
-	var doc uiModelsDoc
+	var doc ModelList
 	if err := s.load(r.Context(), "/lm-warden/models", &doc); err != nil {
 		return err
 	}
@@ -328,7 +328,7 @@ func (s *uiServer) serveModelsView(w http.ResponseWriter, r *http.Request) error
 }
 
 func (s *uiServer) serveCardView(w http.ResponseWriter, r *http.Request, model string) error {
-	var doc uiCardDoc
+	var doc Card
 	if err := s.load(r.Context(), "/lm-warden/models/"+url.PathEscape(model), &doc); err != nil {
 		return err
 	}
@@ -336,7 +336,7 @@ func (s *uiServer) serveCardView(w http.ResponseWriter, r *http.Request, model s
 }
 
 func (s *uiServer) serveStatsView(w http.ResponseWriter, r *http.Request, model, replica string) error {
-	var doc uiStatsDoc
+	var doc Stats
 	if err := s.load(r.Context(), "/lm-warden/models/"+url.PathEscape(model)+"/stats", &doc); err != nil {
 		return err
 	}
@@ -347,84 +347,8 @@ func (s *uiServer) serveStatsView(w http.ResponseWriter, r *http.Request, model,
 	return writeUIJSON(w, r, v)
 }
 
-// Admin documents, as GET /lm-warden/models… returns them.
-
-type uiModelsDoc struct {
-	Models []uiModelSummary `json:"models"`
-}
-
-type uiModelSummary struct {
-	Model           string  `json:"model"`
-	Affinity        bool    `json:"affinity"`
-	SpillThreshold  int     `json:"spill_threshold"`
-	SpillAuto       bool    `json:"spill_auto"`
-	StickyPct       float64 `json:"sticky_pct"`
-	InFlight        int     `json:"in_flight"`
-	Replicas        int     `json:"replicas"`
-	Reachable       int     `json:"reachable"`
-	Bindings        int     `json:"bindings"`
-	HourCachedShare float64 `json:"hour_cached_share"`
-}
-
-type uiCardDoc struct {
-	Model          string          `json:"model"`
-	Affinity       bool            `json:"affinity"`
-	SpillThreshold int             `json:"spill_threshold"`
-	SpillAuto      bool            `json:"spill_auto"`
-	MaxNumSeqs     int             `json:"max_num_seqs"`
-	StickyPct      float64         `json:"sticky_pct"`
-	InFlight       int             `json:"in_flight"`
-	Requests       uint64          `json:"requests"`
-	KeyedRequests  uint64          `json:"keyed_requests"`
-	Bindings       int             `json:"bindings"`
-	Since          time.Time       `json:"since"`
-	Writable       bool            `json:"writable"`
-	Replicas       []uiReplicaCard `json:"replicas"`
-}
-
-type uiReplicaCard struct {
-	ID                 string    `json:"id"`
-	Available          bool      `json:"available"`
-	Reachable          bool      `json:"reachable"`
-	LastError          string    `json:"last_error"`
-	LastSeen           time.Time `json:"last_seen"`
-	Held               int       `json:"held"`
-	Sticky             uint64    `json:"sticky"`
-	Placed             uint64    `json:"placed"`
-	SpillAccepted      uint64    `json:"spill_accepted"`
-	ClientPinned       uint64    `json:"client_pinned"`
-	Replaced           uint64    `json:"re_placed"`
-	Running            float64   `json:"running"`
-	Waiting            float64   `json:"waiting"`
-	KVUsage            float64   `json:"kv_usage"`
-	PrefixHitRate      float64   `json:"prefix_hit_rate"`
-	PrefixHitRateTotal float64   `json:"prefix_hit_rate_total"`
-	Bindings           int       `json:"bindings"`
-	Active             int       `json:"active"`
-	Tokens             uiTokens  `json:"tokens"`
-}
-
-type uiTokens struct {
-	Cached    uint64 `json:"cached"`
-	Computed  uint64 `json:"computed"`
-	Generated uint64 `json:"generated"`
-}
-
-type uiSeries struct {
-	Cached    []uint64 `json:"cached"`
-	Computed  []uint64 `json:"computed"`
-	Generated []uint64 `json:"generated"`
-}
-
-type uiStatsDoc struct {
-	Model           string              `json:"model"`
-	Start           time.Time           `json:"start"`
-	StepS           float64             `json:"step_s"`
-	HourCachedShare float64             `json:"hour_cached_share"`
-	Sum             uiSeries            `json:"sum"`
-	Replicas        map[string]uiSeries `json:"replicas"`
-	Totals          uiTokens            `json:"totals"`
-}
+// The page reads the admin documents (ModelList, Card, Stats in admin.go)
+// through the same types the admin API writes them with.
 
 // Views: what the page renders. Every value is a uiVal: raw and humanised.
 
@@ -499,7 +423,7 @@ func uiRate(f float64) uiVal {
 	return uiVal{V: f, T: humanize.SIWithDigits(f, 1, "tok/s")}
 }
 
-func buildModelsView(doc uiModelsDoc) uiModelsView {
+func buildModelsView(doc ModelList) uiModelsView {
 	v := uiModelsView{Models: make([]uiModelRow, 0, len(doc.Models))}
 	for _, m := range doc.Models {
 		v.Models = append(v.Models, uiModelRow{
@@ -534,7 +458,7 @@ func uiSpill(n int, auto bool) uiVal {
 	return uiVal{V: n, T: t}
 }
 
-func buildCardView(doc uiCardDoc, now time.Time) uiCardView {
+func buildCardView(doc Card, now time.Time) uiCardView {
 	v := uiCardView{
 		Model:    doc.Model,
 		Writable: doc.Writable,
@@ -561,8 +485,8 @@ func buildCardView(doc uiCardDoc, now time.Time) uiCardView {
 			if msg == "" {
 				msg = "unreachable"
 			}
-			if !r.LastSeen.IsZero() {
-				msg += " · last seen " + humanize.RelTime(r.LastSeen, now, "ago", "from now")
+			if r.LastSeen != nil {
+				msg += " · last seen " + humanize.RelTime(*r.LastSeen, now, "ago", "from now")
 			}
 			state = uiVal{V: "unreachable", T: msg}
 		case !r.Available:
@@ -576,8 +500,8 @@ func buildCardView(doc uiCardDoc, now time.Time) uiCardView {
 				"sticky":         uiCount(r.Sticky),
 				"spill_accepted": uiCount(r.SpillAccepted),
 				"client_pinned":  uiCount(r.ClientPinned),
-				"run_wait": {V: []float64{r.Running, r.Waiting},
-					T: humanize.FtoaWithDigits(r.Running, 0) + " / " + humanize.FtoaWithDigits(r.Waiting, 0)},
+				"run_wait": {V: []int{r.Running, r.Waiting},
+					T: humanize.Comma(int64(r.Running)) + " / " + humanize.Comma(int64(r.Waiting))},
 				"kv":       uiPct(r.KVUsage),
 				"hit":      uiPct(r.PrefixHitRate),
 				"bindings": {V: r.Bindings, T: humanize.Comma(int64(r.Bindings)) + " (" + humanize.Comma(int64(r.Active)) + " active)"},
@@ -597,7 +521,7 @@ var errUIUnknownReplica = errors.New("no such replica")
 // buildStatsView turns the per-second buckets into tokens/s over
 // uiChartPoints equal slices of the window. The newest bucket is the second
 // in progress and is left out, so the right edge does not dip.
-func buildStatsView(doc uiStatsDoc, replica string) (uiStatsView, error) {
+func buildStatsView(doc Stats, replica string) (uiStatsView, error) {
 	series := doc.Sum
 	if replica != "" {
 		s, ok := doc.Replicas[replica]
@@ -632,7 +556,7 @@ func buildStatsView(doc uiStatsDoc, replica string) (uiStatsView, error) {
 	}
 	slices.Sort(v.Replicas)
 	var sumC, sumP, promptMax, genMax float64
-	var tot uiTokens
+	var tot TokenCount
 	for i := range points {
 		var c, p, g uint64
 		for j := off + i*per; j < off+(i+1)*per; j++ {

@@ -25,32 +25,32 @@ import (
 // (4 replicas, sticky 38/21/19/29, prefix hit rates 82.2/86.0/69.0/80.0 %).
 type uiFixture struct {
 	mu    sync.Mutex
-	card  uiCardDoc
-	stats uiStatsDoc
+	card  Card
+	stats Stats
 }
 
 func newUIFixture(now time.Time) *uiFixture {
 	since := now.Add(-2 * time.Hour).Truncate(time.Second)
-	f := &uiFixture{card: uiCardDoc{
+	f := &uiFixture{card: Card{
 		Model: "qwen3-4b", Affinity: true, SpillThreshold: 8, SpillAuto: true, MaxNumSeqs: 32,
 		StickyPct: 100, InFlight: 3, Requests: 1234567, KeyedRequests: 1200, Bindings: 12,
 		Since: since, Writable: true,
 	}}
 	sticky := []uint64{38, 21, 19, 29}
 	hits := []float64{0.822, 0.860, 0.690, 0.800}
-	f.stats = uiStatsDoc{Model: "qwen3-4b", Start: now.Add(-3600 * time.Second), StepS: 1,
-		HourCachedShare: 0.78, Replicas: map[string]uiSeries{}}
-	sum := uiSeries{Cached: make([]uint64, 3600), Computed: make([]uint64, 3600), Generated: make([]uint64, 3600)}
+	f.stats = Stats{Model: "qwen3-4b", Start: now.Add(-3600 * time.Second), StepS: 1,
+		HourCachedShare: 0.78, Replicas: map[string]Series{}}
+	sum := Series{Cached: make([]uint64, 3600), Computed: make([]uint64, 3600), Generated: make([]uint64, 3600)}
 	for i := range 4 {
 		id := fmt.Sprintf("127.0.0.1:800%d", i+1)
-		f.card.Replicas = append(f.card.Replicas, uiReplicaCard{
-			ID: id, Available: true, Reachable: true, LastSeen: now, Held: i % 2,
+		f.card.Replicas = append(f.card.Replicas, ReplicaRow{
+			ID: id, Available: true, Reachable: true, LastSeen: &now, Held: i % 2,
 			Sticky: sticky[i], Placed: 4, SpillAccepted: uint64(i), ClientPinned: 0,
-			Running: float64(i % 2), Waiting: 0, KVUsage: 0.41 + float64(i)/10,
+			Running: i % 2, Waiting: 0, KVUsage: 0.41 + float64(i)/10,
 			PrefixHitRate: hits[i], PrefixHitRateTotal: hits[i] - 0.02, Bindings: 3, Active: 2,
-			Tokens: uiTokens{Cached: 123, Computed: 45, Generated: 67},
+			Tokens: TokenCount{Cached: 123, Computed: 45, Generated: 67},
 		})
-		s := uiSeries{Cached: make([]uint64, 3600), Computed: make([]uint64, 3600), Generated: make([]uint64, 3600)}
+		s := Series{Cached: make([]uint64, 3600), Computed: make([]uint64, 3600), Generated: make([]uint64, 3600)}
 		for j := 1800; j < 3600; j++ { // traffic over the last half hour
 			s.Cached[j] = uint64(700 + 100*i + j%50)
 			s.Computed[j] = uint64(200 + 10*i)
@@ -74,7 +74,7 @@ func (f *uiFixture) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch p := r.URL.Path; {
 	case p == "/lm-warden/models" && r.Method == http.MethodGet:
 		c := f.card
-		_ = enc.Encode(uiModelsDoc{Models: []uiModelSummary{{
+		_ = enc.Encode(ModelList{Models: []ModelSummary{{
 			Model: c.Model, Affinity: c.Affinity, SpillThreshold: c.SpillThreshold, SpillAuto: c.SpillAuto,
 			StickyPct: c.StickyPct, InFlight: c.InFlight, Replicas: len(c.Replicas), Reachable: len(c.Replicas),
 			Bindings: c.Bindings, HourCachedShare: f.stats.HourCachedShare,
@@ -326,7 +326,7 @@ func TestUICardView(t *testing.T) {
 	now := time.Date(2026, 11, 30, 19, 0, 0, 0, time.UTC)
 	tests := []struct {
 		name   string
-		change func(*uiCardDoc)
+		change func(*Card)
 		head   map[string]string
 		row    int
 		cells  map[string]string
@@ -349,11 +349,12 @@ func TestUICardView(t *testing.T) {
 		},
 		{
 			name: "affinity off, fixed threshold, replica down",
-			change: func(c *uiCardDoc) {
+			change: func(c *Card) {
 				c.Affinity, c.SpillAuto, c.SpillThreshold, c.StickyPct = false, false, 4, 97.53
 				c.Replicas[1].Reachable = false
 				c.Replicas[1].LastError = "dial tcp 127.0.0.1:8002: connection refused"
-				c.Replicas[1].LastSeen = now.Add(-90 * time.Second)
+				seen := now.Add(-90 * time.Second)
+				c.Replicas[1].LastSeen = &seen
 				c.Replicas[1].Running, c.Replicas[1].Waiting = 12, 3
 			},
 			head: map[string]string{"affinity": "off", "spill": "4", "sticky": "97.5%"},
@@ -364,7 +365,7 @@ func TestUICardView(t *testing.T) {
 		},
 		{
 			name:   "reachable but taken out by the proxy",
-			change: func(c *uiCardDoc) { c.Replicas[3].Available = false },
+			change: func(c *Card) { c.Replicas[3].Available = false },
 			row:    3,
 			cells:  map[string]string{"state": "reachable, marked unavailable by the proxy"},
 			ok:     false,

@@ -33,6 +33,9 @@ type SimConfig struct {
 	Placement placement.Config
 	// Progress, when set, is called after every stage.
 	Progress func(Stage)
+	// Detail, when set, is called after every stage with what happened
+	// inside the engines during its measured window.
+	Detail func(SimDetail)
 }
 
 // DefaultSimConfig is the brief's 4-GPU sweep: 4 replicas of the
@@ -96,6 +99,8 @@ type simulator struct {
 	turns   []TurnRecord
 	mode    string
 	stopped bool
+	win     Window
+	detail  *simDetailAcc
 }
 
 // Sim runs the configured sweep and returns its report. The same
@@ -195,6 +200,8 @@ func (s *simulator) stage(mode string, n int) (Stage, error) {
 	first := len(s.turns)
 	start := s.now
 	w := Window{From: start + s.cfg.Warmup, To: start + s.cfg.Warmup + s.cfg.StageLength}
+	s.win = w
+	s.detailStart(mode, n)
 	slots := make([]*simSlot, n)
 	s.stopped = false
 	for i := range slots {
@@ -225,6 +232,7 @@ func (s *simulator) stage(mode string, n int) (Stage, error) {
 		if nextPoll < next || (nextPoll == next && which < 0) {
 			s.now = nextPoll
 			s.poll()
+			s.detailPoll()
 			nextPoll += s.cfg.PollInterval
 			continue
 		}
@@ -243,6 +251,7 @@ func (s *simulator) stage(mode string, n int) (Stage, error) {
 			sl.cur = nil
 		}
 	}
+	s.detailEnd()
 	st := Measure(s.turns[first:], s.polls, w)
 	st.Mode, st.Sessions = mode, n
 	st.Policy = "sim:" + PolicyOf(mode)
@@ -293,6 +302,7 @@ func (s *simulator) finishStep(i int) {
 		case emulator.EventToken:
 			if ev.Index == 0 {
 				t.rec.FirstToken = s.now
+				s.detailTurn(t)
 			}
 		case emulator.EventFinished:
 			t.rec.End = s.now

@@ -50,6 +50,12 @@
 //     re-bound there, ReasonSpilled (counted as spill-accepted at the target).
 //     When no such replica exists, the turn stays: ReasonStayedOverloaded.
 //
+//     With Config.SpillWaiting = k > 0, a replica whose polled waiting
+//     queue holds at least k requests also loses its conversations, but
+//     only to the best replica with an empty queue that is not over the
+//     threshold (ReasonSpilled); when there is none the turn is sticky.
+//     It is off by default; see "Overload" below.
+//
 //  5. Key bound to a replica that was removed, is unavailable or excluded →
 //     placed anew and re-bound, ReasonReplaced.
 //
@@ -71,6 +77,26 @@
 //     on an idle model spreads evenly.
 //
 // Each placement scans all replicas once: linear in their number.
+//
+// # Overload
+//
+// When the conversations in flight hold more context than the replicas' KV
+// caches (the brief's 24 and 32 sessions of ≈13k tokens on 4 × 36,800
+// tokens), vLLM runs only the requests it has KV blocks for: about three
+// per replica, far below the default threshold of 8, while the rest wait
+// in its queue. The running count then never crosses the threshold, so no
+// spill happens (lowering it to 4 changes nothing), every replica is
+// equally full, and every policy ties: in bench's simulation each turn
+// waits 12 s (24 sessions) to 26 s (32) in the queue, two in three turns
+// are preempted at least once, and only the shared system prompt is still
+// cached when a conversation's next turn comes (28 % prefix hits for
+// affinity off and on alike). The median TTFB there is queueing behind KV,
+// not misplacement; only fewer concurrent sessions (or more KV) fixes it.
+// SpillWaiting reacts to the queue instead of the running count; in the
+// simulation it trims the tail at overload on 7 replicas (26 sessions:
+// TTFB p50 18.6 → 15.9 s, output +3 %) and is neutral at low load, but on
+// the 4-replica sweep its effect is within seed-to-seed noise, so it is
+// not the default.
 //
 // # Bindings
 //

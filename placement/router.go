@@ -42,6 +42,13 @@ type Config struct {
 	// MaxBindings caps the number of bound conversations; the least
 	// recently used is evicted beyond it (default 100000).
 	MaxBindings int
+	// SpillWaiting, when positive, also moves a conversation whose replica
+	// has at least this many requests waiting in vLLM's queue (polled) to
+	// the best replica with an empty queue that is not over the threshold.
+	// vLLM queues requests it has no KV blocks for, so under KV pressure a
+	// replica's running count stays far below the threshold while its
+	// queue grows; this catches that case. Zero (the default) turns it off.
+	SpillWaiting int
 }
 
 func (c Config) withDefaults() Config {
@@ -59,6 +66,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxBindings <= 0 {
 		c.MaxBindings = DefaultMaxBindings
+	}
+	if c.SpillWaiting < 0 {
+		c.SpillWaiting = 0
 	}
 	return c
 }
@@ -416,6 +426,17 @@ func (r *Router) Route(req Request) (Decision, error) {
 		bound.stayed++
 		return r.take(bound, ReasonStayedOverloaded), nil
 	}
+	if k := r.cfg.SpillWaiting; k > 0 && bound.waiting() >= k {
+		if p := r.bestWith(now, func(q *replica) bool {
+			return q != bound && q.waiting() == 0 && q.running() <= r.threshold
+		}); p != nil {
+			r.rebind(e, p, now)
+			p.spill++
+			d := r.take(p, ReasonSpilled)
+			d.Previous = bound.id
+			return d, nil
+		}
+	}
 	r.touch(e, now)
 	r.sticky++
 	bound.sticky++
@@ -466,6 +487,14 @@ func (r *Router) leastQueued() *replica {
 // best returns the usable replica with the best placement score, skipping
 // skip; with underOnly it returns only a replica not over the threshold.
 func (r *Router) best(now int64, skip *replica, underOnly bool) *replica {
+	return r.bestWith(now, func(p *replica) bool {
+		return p != skip && (!underOnly || p.running() <= r.threshold)
+	})
+}
+
+// bestWith returns the usable replica with the best placement score among
+// those ok accepts.
+func (r *Router) bestWith(now int64, ok func(*replica) bool) *replica {
 	n := len(r.order)
 	if n == 0 {
 		return nil
@@ -483,14 +512,11 @@ func (r *Router) best(now int64, skip *replica, underOnly bool) *replica {
 			j -= n
 		}
 		p := r.reps[r.order[j]]
-		if p == skip || !r.usable(p) {
+		if !r.usable(p) || !ok(p) {
 			continue
 		}
 		run := p.running()
 		over := run > r.threshold
-		if over && underOnly {
-			continue
-		}
 		r.expireActive(p, cutoff)
 		act, kv := p.active, p.kv()
 		if best == nil {

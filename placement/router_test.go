@@ -638,3 +638,57 @@ func TestReasonString(t *testing.T) {
 		}
 	}
 }
+
+// TestSpillWaiting covers Config.SpillWaiting: a conversation leaves a
+// replica whose vLLM queue has reached the limit, for one with an empty
+// queue that is not over the threshold; otherwise it stays.
+func TestSpillWaiting(t *testing.T) {
+	queue := func(id string, run, wait int) func(*Router) {
+		return func(r *Router) { r.UpdateLoad(id, Load{Running: run, Waiting: wait, Reachable: true}) }
+	}
+	tests := []struct {
+		name     string
+		k        int
+		loads    []func(*Router)
+		want     string
+		reason   Reason
+		previous string
+	}{
+		{name: "off by default", k: 0, loads: []func(*Router){queue("r0", 3, 5)}, want: "r0", reason: ReasonSticky},
+		{name: "queue below the limit stays", k: 2, loads: []func(*Router){queue("r0", 3, 1)}, want: "r0", reason: ReasonSticky},
+		{name: "queue at the limit moves to an empty queue", k: 2, loads: []func(*Router){queue("r0", 3, 2), queue("r1", 3, 1), queue("r2", 4, 0)}, want: "r2", reason: ReasonSpilled, previous: "r0"},
+		{name: "best by score among empty queues", k: 1, loads: []func(*Router){queue("r0", 3, 1), queue("r1", 2, 0), queue("r2", 1, 0)}, want: "r2", reason: ReasonSpilled, previous: "r0"},
+		{name: "every other queue busy: stays", k: 1, loads: []func(*Router){queue("r0", 3, 4), queue("r1", 3, 1), queue("r2", 3, 2)}, want: "r0", reason: ReasonSticky},
+		{name: "empty queue but over the threshold: stays", k: 1, loads: []func(*Router){queue("r0", 3, 4), queue("r1", 9, 0), queue("r2", 9, 0)}, want: "r0", reason: ReasonSticky},
+		{name: "unreachable replica's queue is not trusted", k: 1, loads: []func(*Router){func(r *Router) { r.UpdateLoad("r0", Load{Running: 3, Waiting: 4}) }}, want: "r0", reason: ReasonSticky},
+		{name: "negative means off", k: -1, loads: []func(*Router){queue("r0", 3, 5)}, want: "r0", reason: ReasonSticky},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newTestRouter(3, Config{MaxNumSeqs: 32, SpillWaiting: tc.k})
+			bindTo(t, r, "k", "r0", t0)
+			for _, l := range tc.loads {
+				l(r)
+			}
+			d, err := r.Route(Request{Key: "k", Now: t0.Add(time.Second)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer d.Release()
+			if d.Replica != tc.want || d.Reason != tc.reason || d.Previous != tc.previous {
+				t.Fatalf("got %s (%s, previous %q), want %s (%s, previous %q)", d.Replica, d.Reason, d.Previous, tc.want, tc.reason, tc.previous)
+			}
+			if got, _ := r.Bound("k"); got != tc.want {
+				t.Fatalf("bound to %s, want %s", got, tc.want)
+			}
+			if tc.reason == ReasonSpilled {
+				s := r.Snapshot()
+				for _, rs := range s.Replicas {
+					if rs.ID == tc.want && rs.SpillAccepted != 1 {
+						t.Fatalf("%s spill accepted = %d, want 1", rs.ID, rs.SpillAccepted)
+					}
+				}
+			}
+		})
+	}
+}

@@ -197,6 +197,8 @@ func runSim(args []string) error {
 	fs.IntVar(&cfg.Engine.NumGPUBlocks, "kv-blocks", cfg.Engine.NumGPUBlocks, "KV cache blocks per replica")
 	fs.IntVar(&cfg.Engine.MaxNumSeqs, "max-num-seqs", cfg.Engine.MaxNumSeqs, "max_num_seqs per replica")
 	fs.IntVar(&cfg.Placement.SpillThreshold, "spill-threshold", 0, "LM Warden spill threshold (0: auto = max_num_seqs/4)")
+	fs.IntVar(&cfg.Placement.SpillWaiting, "spill-waiting", 0, "also spill from a replica with at least this many requests waiting (0: off)")
+	detail := fs.Bool("detail", false, "print per stage where turns spend their time (queue, prefill, preemptions) and each replica's load")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -220,6 +222,9 @@ func runSim(args []string) error {
 	cfg.Progress = func(st bench.Stage) {
 		fmt.Fprintf(os.Stderr, "sim %-12s %3d sessions: %5d requests, prefix hits %5.1f%%, TTFB p50 %6.2fs  (%.1fs)\n",
 			st.Mode, st.Sessions, st.Requests, st.PrefixHitPct, st.TTFBP50S, time.Since(start).Seconds())
+	}
+	if *detail {
+		cfg.Detail = func(d bench.SimDetail) { _ = bench.WriteSimDetail(os.Stderr, d) }
 	}
 	rep, err := bench.Sim(cfg)
 	if err != nil {

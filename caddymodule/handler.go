@@ -151,7 +151,8 @@ type routeState struct {
 	model       *modelState // set by the policy that routed the request
 	dec         placement.Decision
 	routed      bool
-	detached    bool // routed without the handler: the slot is freed with the request context
+	detached    bool        // routed without the handler: the slot is freed with the request context
+	body        *replayBody // the request body the handler read and put back, rewound on retries
 	ntried      int
 	tried       [4]string // replicas chosen for this request so far
 	extra       []string  // more of them, past len(tried)
@@ -201,6 +202,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			st.key = fingerprint(view, h.FingerprintBytes)
 		}
 		model = modelFromBody(view)
+		st.body, _ = r.Body.(*replayBody)
 	}
 	caddyhttp.SetVar(r.Context(), VarSession, st.key)
 	caddyhttp.SetVar(r.Context(), VarModel, model)
@@ -305,12 +307,53 @@ func (h *Handler) readBody(r *http.Request) (body []byte, tooBig bool, err error
 		body = b.Bytes()
 	}
 	_ = r.Body.Close()
-	r.Body = io.NopCloser(bytes.NewReader(body))
+	r.Body = &replayBody{b: body}
 	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 	r.ContentLength = int64(len(body))
 	r.TransferEncoding = nil
 	r.Header.Del("Transfer-Encoding")
 	return body, false, nil
+}
+
+// replayBody is the request body put back after reading it. The proxy
+// reuses one request body for all attempts of a request, so when an upstream
+// read the body and its answer is retried (lb_retry_match on a response),
+// the next attempt would send nothing; the policy rewinds it before every
+// retry.
+type replayBody struct {
+	mu  sync.Mutex
+	b   []byte
+	off int
+}
+
+func (rb *replayBody) Read(p []byte) (int, error) {
+	rb.mu.Lock()
+	defer rb.mu.Unlock()
+	if rb.off >= len(rb.b) {
+		return 0, io.EOF
+	}
+	n := copy(p, rb.b[rb.off:])
+	rb.off += n
+	return n, nil
+}
+
+// WriteTo lets io.Copy send the rest in one write.
+func (rb *replayBody) WriteTo(w io.Writer) (int64, error) {
+	rb.mu.Lock()
+	rest := rb.b[rb.off:]
+	rb.off = len(rb.b)
+	rb.mu.Unlock()
+	n, err := w.Write(rest)
+	return int64(n), err
+}
+
+func (rb *replayBody) Close() error { return nil }
+
+// rewind makes the next read start at the body's first byte again.
+func (rb *replayBody) rewind() {
+	rb.mu.Lock()
+	rb.off = 0
+	rb.mu.Unlock()
 }
 
 // responseWatcher passes the response through unchanged and at once, and

@@ -326,6 +326,10 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 		// a previous attempt of this request failed: free its slot
 		st.dec.Release()
 		st.routed = false
+		if st.body != nil {
+			// the failed attempt may have sent (part of) the body
+			st.body.rewind()
+		}
 	}
 
 	var buf [8]string

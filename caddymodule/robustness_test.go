@@ -590,3 +590,65 @@ func TestOddRequestsReachTheUpstreamUnchanged(t *testing.T) {
 	}
 	waitFor(t, "in flight back to 0", func() bool { return rs.card("odd").InFlight == 0 })
 }
+
+// TestRetryAfterAnAnswerResendsTheWholeBody makes the first replica read the
+// request and answer 503, with the proxy set to retry such answers: the
+// retry goes to the other replica with the body complete and unchanged.
+func TestRetryAfterAnAnswerResendsTheWholeBody(t *testing.T) {
+	echo := newEchoUpstream(t)
+	var busyGot atomic.Int64
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	busySrv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/metrics" {
+			return
+		}
+		b, _ := io.ReadAll(r.Body)
+		busyGot.Add(int64(len(b)))
+		http.Error(w, `{"error":"busy"}`, http.StatusServiceUnavailable)
+	}))
+	busySrv.Listener = l
+	busySrv.Start()
+	t.Cleanup(busySrv.Close)
+	busy := l.Addr().String()
+
+	rs := loadRobustSite(t, fmt.Sprintf(`
+	lm_warden
+	reverse_proxy %s %s {
+		%s
+		lb_retries 2
+		lb_retry_match {
+			expression `+"`{rp.status_code} == 503`"+`
+		}
+	}`, busy, echo, policyBlock("retry", "client_pin_header X-Pin")))
+	for _, tc := range []struct {
+		name string
+		hdr  map[string]string
+	}{
+		{"session header", map[string]string{"X-Pin": busy, "X-Claude-Code-Session-Id": "retry-1"}},
+		{"body read for the key", map[string]string{"X-Pin": busy}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := busyGot.Load()
+			body := chatTurn("retry", 3, false, "user_1_account_2_session_retry-body")
+			res := rs.send("/v1/messages", body, tc.hdr)
+			if busyGot.Load() == before {
+				t.Fatal("the first attempt did not reach the busy replica")
+			}
+			if res.status != http.StatusOK || res.replica != echo {
+				t.Fatalf("retry: %d from %s (%s): %s", res.status, res.replica, res.reason, res.body)
+			}
+			var got echoed
+			if err := json.Unmarshal([]byte(res.body), &got); err != nil {
+				t.Fatal(err)
+			}
+			sum := sha256.Sum256([]byte(body))
+			if got.Len != len(body) || got.SHA != hex.EncodeToString(sum[:]) {
+				t.Errorf("the retry carried %d bytes, the client sent %d", got.Len, len(body))
+			}
+		})
+	}
+	waitFor(t, "in flight back to 0", func() bool { return rs.card("retry").InFlight == 0 })
+}

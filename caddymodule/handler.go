@@ -13,6 +13,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
 
 	"github.com/lmwarden/caddy-lmwarden/placement"
@@ -172,43 +173,53 @@ func (st *routeState) triedList(dst []string) []string {
 	return append(dst, st.extra...)
 }
 
-var routeStatePool = sync.Pool{New: func() any { return new(routeState) }}
-
 // ServeHTTP implements caddyhttp.MiddlewareHandler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	st := routeStatePool.Get().(*routeState)
+	// Not pooled: the request's variables keep pointing at it after the
+	// response, and they must not be written then (see finish).
+	st := new(routeState)
 	st.api = apiOf(r.URL.Path)
 	st.key, st.parent = h.keys.fromHeaders(r.Header)
 
 	var model string
-	needBody := (st.key == "" && (!h.NoBodyKeys || !h.NoFingerprint)) || !h.NoModelVar
-	if needBody && hasJSONBody(r) {
-		body, tooBig, err := h.readBody(r)
+	keyFromBody := st.key == "" && (!h.NoBodyKeys || !h.NoFingerprint)
+	if (keyFromBody || !h.NoModelVar) && hasJSONBody(r) {
+		var body []byte
+		var tooBig bool
+		var err error
+		if keyFromBody {
+			body, tooBig, err = h.readBody(r)
+		} else {
+			// only the model variable: read the body's start when that
+			// holds the model, else all of it
+			model, body, tooBig, err = h.peekModel(r)
+		}
 		if tooBig {
 			writeAPIError(w, st.api, http.StatusRequestEntityTooLarge,
 				fmt.Sprintf("request body is larger than the gateway's limit of %d bytes", h.MaxBody))
-			h.recycle(st)
 			return nil
 		}
 		if err != nil {
-			h.recycle(st)
 			return caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("reading request body: %w", err))
 		}
-		view := bytesView(body)
-		if st.key == "" && !h.NoBodyKeys {
-			st.key = sessionFromBody(view)
+		if body != nil {
+			view := bytesView(body)
+			if st.key == "" && !h.NoBodyKeys {
+				st.key = sessionFromBody(view)
+			}
+			if st.key == "" && !h.NoFingerprint {
+				st.key = fingerprint(view, h.FingerprintBytes)
+			}
+			model = modelFromBody(view)
 		}
-		if st.key == "" && !h.NoFingerprint {
-			st.key = fingerprint(view, h.FingerprintBytes)
-		}
-		model = modelFromBody(view)
 		st.body, _ = r.Body.(*replayBody)
 	}
 	caddyhttp.SetVar(r.Context(), VarSession, st.key)
 	caddyhttp.SetVar(r.Context(), VarModel, model)
 	caddyhttp.SetVar(r.Context(), varRoute, st)
 
-	rw := &responseWatcher{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, st: st}
+	rw := watcherPool.Get().(*responseWatcher)
+	rw.ResponseWriter, rw.st = w, st
 	rw.measure = r.Method == http.MethodPost && !strings.HasSuffix(r.URL.Path, "/count_tokens")
 	defer h.finish(r, rw)
 
@@ -252,13 +263,11 @@ func (h *Handler) finish(r *http.Request, rw *responseWatcher) {
 		putParser(rw.parser)
 		rw.parser = nil
 	}
-	caddyhttp.SetVar(r.Context(), varRoute, nil)
-	h.recycle(st)
-}
-
-func (h *Handler) recycle(st *routeState) {
-	*st = routeState{}
-	routeStatePool.Put(st)
+	// The request's variables are left alone: the proxy's transport may
+	// still be dialling for this request in another goroutine (a client
+	// gone during the dial) and reads them there.
+	*rw = responseWatcher{}
+	watcherPool.Put(rw)
 }
 
 // hasJSONBody reports whether the request may carry a JSON body worth
@@ -275,12 +284,18 @@ func hasJSONBody(r *http.Request) bool {
 	if ct == "" {
 		return true
 	}
+	if strings.EqualFold(ct, jsonType) {
+		// what clients send: no parameters to parse
+		return true
+	}
 	mt, _, err := mime.ParseMediaType(ct)
 	if err != nil {
 		return false
 	}
 	return mt == "application/json" || strings.HasSuffix(mt, "+json")
 }
+
+const jsonType = "application/json"
 
 // readBody reads the whole body, bounded by MaxBody, and puts it back so the
 // proxy (and its retries) send it unchanged. tooBig reports a body over the
@@ -306,13 +321,18 @@ func (h *Handler) readBody(r *http.Request) (body []byte, tooBig bool, err error
 		}
 		body = b.Bytes()
 	}
+	h.replay(r, body)
+	return body, false, nil
+}
+
+// replay puts body, read in full, back as the request's body.
+func (h *Handler) replay(r *http.Request, body []byte) {
 	_ = r.Body.Close()
 	r.Body = &replayBody{b: body}
 	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 	r.ContentLength = int64(len(body))
 	r.TransferEncoding = nil
 	r.Header.Del("Transfer-Encoding")
-	return body, false, nil
 }
 
 // replayBody is the request body put back after reading it. The proxy
@@ -356,16 +376,87 @@ func (rb *replayBody) rewind() {
 	rb.mu.Unlock()
 }
 
+// peekSize is how much of a body's start peekModel reads for the model.
+const peekSize = 4 << 10
+
+// peekModel finds the body's "model" field when nothing else in the body is
+// needed (the key came from a header). Clients put the model first, so for
+// a body of known length over peekSize it reads only the first peekSize
+// bytes and, when they hold the whole top-level "model" member, sends the
+// body on as those bytes followed by the unread rest: a megabyte
+// conversation is then streamed to the replica, not copied. Such a body is
+// not kept for retries after an upstream has read it (as with Caddy's own
+// unbuffered bodies; reverse_proxy's request_buffers keeps it). Otherwise it
+// reads the whole body as readBody does and returns it in body.
+func (h *Handler) peekModel(r *http.Request) (model string, body []byte, tooBig bool, err error) {
+	n := r.ContentLength
+	if n > h.MaxBody {
+		return "", nil, true, nil
+	}
+	if n <= peekSize {
+		body, tooBig, err = h.readBody(r)
+		return "", body, tooBig, err
+	}
+	head := make([]byte, peekSize)
+	if _, err := io.ReadFull(r.Body, head); err != nil {
+		return "", nil, false, err
+	}
+	if m, ok := modelFromPrefix(bytesView(head)); ok {
+		r.Body = &prefixBody{Reader: io.MultiReader(bytes.NewReader(head), r.Body), body: r.Body}
+		return m, nil, false, nil
+	}
+	body = make([]byte, n)
+	copy(body, head)
+	if _, err := io.ReadFull(r.Body, body[peekSize:]); err != nil {
+		return "", nil, false, err
+	}
+	h.replay(r, body)
+	return "", body, false, nil
+}
+
+// modelFromPrefix returns the top-level "model" string of a JSON document
+// of which prefix is the start; ok is false when prefix ends before the
+// member does (or before it is reached).
+func modelFromPrefix(prefix string) (model string, ok bool) {
+	v := gjson.Get(prefix, "model")
+	if !v.Exists() {
+		return "", false
+	}
+	end := v.Index + len(v.Raw)
+	if v.Index <= 0 || end >= len(prefix) {
+		return "", false
+	}
+	if v.Type == gjson.String && (len(v.Raw) < 2 || v.Raw[len(v.Raw)-1] != '"') {
+		return "", false
+	}
+	if v.Type != gjson.String {
+		return "", true
+	}
+	return strings.Clone(clip(v.Str)), true
+}
+
+// prefixBody is a body whose start was read: the start, then the rest.
+type prefixBody struct {
+	io.Reader
+	body io.ReadCloser
+}
+
+func (pb *prefixBody) Close() error { return pb.body.Close() }
+
 // responseWatcher passes the response through unchanged and at once, and
-// feeds a copy of the bytes to the usage parser.
+// feeds a copy of the bytes to the usage parser. Watchers are pooled: one is
+// taken per request and put back when the handler returns.
 type responseWatcher struct {
-	*caddyhttp.ResponseWriterWrapper
+	caddyhttp.ResponseWriterWrapper
 	st          *routeState
 	parser      *vllmstats.UsageParser
 	measure     bool
 	wroteHeader bool
 	status      int
+	encoded     bool // the response has a Content-Encoding: usage cannot be read
 }
+
+var watcherPool = sync.Pool{New: func() any { return new(responseWatcher) }}
 
 // WriteHeader starts usage parsing for successful generation responses.
 func (rw *responseWatcher) WriteHeader(status int) {
@@ -379,9 +470,10 @@ func (rw *responseWatcher) WriteHeader(status int) {
 	}
 	rw.wroteHeader = true
 	rw.status = status
+	rw.encoded = rw.Header().Get("Content-Encoding") != ""
 	if rw.measure && rw.st.routed && status >= 200 && status < 300 {
 		h := rw.Header()
-		if h.Get("Content-Encoding") == "" {
+		if !rw.encoded {
 			stream := strings.HasPrefix(h.Get("Content-Type"), "text/event-stream")
 			api := vllmstats.APIOpenAI
 			if rw.st.api == apiAnthropic {
@@ -402,7 +494,7 @@ func (rw *responseWatcher) Write(b []byte) (int, error) {
 		rw.WriteHeader(http.StatusOK)
 	}
 	n, err := rw.ResponseWriterWrapper.Write(b)
-	if rw.parser != nil && n > 0 && rw.Header().Get("Content-Encoding") == "" {
+	if rw.parser != nil && n > 0 && !rw.encoded {
 		_, _ = rw.parser.Write(b[:n])
 	}
 	return n, err

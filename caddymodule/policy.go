@@ -241,7 +241,34 @@ type replicaSet struct {
 	where map[string]pick
 }
 
-type pick struct{ up, rank int }
+type pick struct {
+	up, rank int
+	id       any                 // the replica ID, boxed once for the request variables
+	routes   *[numReasons]string // RouteHeader values by reason
+}
+
+// numReasons bounds placement.Reason values.
+const numReasons = int(placement.ReasonClientPinned) + 1
+
+// reasonVars are the reasons' names, boxed once for the request variables.
+var reasonVars = func() (out [numReasons]any) {
+	for i := range out {
+		out[i] = placement.Reason(i).String()
+	}
+	return out
+}()
+
+// routeHeaderKey is RouteHeader in canonical form, so setting it allocates
+// nothing for the key.
+var routeHeaderKey = http.CanonicalHeaderKey(RouteHeader)
+
+func newPick(up, rank int, id string) pick {
+	routes := new([numReasons]string)
+	for i := range routes {
+		routes[i] = id + "; " + placement.Reason(i).String()
+	}
+	return pick{up: up, rank: rank, id: id, routes: routes}
+}
 
 func (rs *replicaSet) matches(pool reverseproxy.UpstreamPool) bool {
 	if len(rs.dials) != len(pool) {
@@ -281,14 +308,14 @@ func (p *Policy) replicas(pool reverseproxy.UpstreamPool) *replicaSet {
 			for k := 0; k < p.DataParallelSize; k++ {
 				id := u.Dial + "#" + p.ranks[k]
 				rs.ids[i] = append(rs.ids[i], id)
-				rs.where[id] = pick{up: i, rank: k}
+				rs.where[id] = newPick(i, k, id)
 				all = append(all, id)
 				targets = append(targets, vllmstats.Target{ID: id, BaseURL: base, Engine: p.ranks[k]})
 			}
 			continue
 		}
 		rs.ids[i] = []string{u.Dial}
-		rs.where[u.Dial] = pick{up: i, rank: -1}
+		rs.where[u.Dial] = newPick(i, -1, u.Dial)
 		all = append(all, u.Dial)
 		targets = append(targets, vllmstats.Target{ID: u.Dial, BaseURL: base})
 	}
@@ -368,11 +395,15 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 		// nobody watches the response end: free the slot with the request
 		context.AfterFunc(ctx, dec.Release)
 	}
-	if p.routeHeader && w != nil {
-		w.Header().Set(RouteHeader, dec.Replica+"; "+dec.Reason.String())
+	reason := int(dec.Reason)
+	if reason >= numReasons {
+		reason = 0
 	}
-	caddyhttp.SetVar(ctx, VarReplica, dec.Replica)
-	caddyhttp.SetVar(ctx, VarReason, dec.Reason.String())
+	if p.routeHeader && w != nil {
+		w.Header()[routeHeaderKey] = []string{at.routes[reason]}
+	}
+	caddyhttp.SetVar(ctx, VarReplica, at.id)
+	caddyhttp.SetVar(ctx, VarReason, reasonVars[reason])
 	return pool[at.up]
 }
 

@@ -21,6 +21,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/lmwarden/caddy-lmwarden/emulator"
 )
@@ -651,4 +652,57 @@ func TestRetryAfterAnAnswerResendsTheWholeBody(t *testing.T) {
 		})
 	}
 	waitFor(t, "in flight back to 0", func() bool { return rs.card("retry").InFlight == 0 })
+}
+
+// TestModelFromTheBodysStart checks the handler's model variable when the
+// key comes from a header: bodies whose "model" comes first are read only
+// as far as needed, the others in full, and in every case the proxy gets
+// the body unchanged.
+func TestModelFromTheBodysStart(t *testing.T) {
+	pad := strings.Repeat("x", 3*peekSize)
+	cases := []struct {
+		name, body, model string
+		full              bool // the handler must have read the whole body
+	}{
+		{"small", `{"model":"m1","messages":[]}`, "m1", true},
+		{"model first, large", `{"model":"m2","messages":[{"role":"user","content":"` + pad + `"}]}`, "m2", false},
+		{"model last, large", `{"messages":[{"role":"user","content":"` + pad + `"}],"model":"m3"}`, "m3", true},
+		{"model cut at the peek", `{"pad":"` + strings.Repeat("y", peekSize-16) + `","model":"model-name-longer-than-the-rest"}` + pad, "model-name-longer-than-the-rest", true},
+		{"nested model first", `{"metadata":{"model":"nested"},"messages":[{"content":"` + pad + `"}]}`, "", true},
+		{"number model", `{"model":7,"messages":[{"content":"` + pad + `"}]}`, "", false},
+		{"truncated JSON, large", `{"model":"m4","messages":[{"content":"` + pad, "m4", false},
+	}
+	h := &Handler{}
+	if err := h.Provision(benchCtx()); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			vars := map[string]any{}
+			ctx := context.WithValue(context.Background(), caddyhttp.VarsCtxKey, vars)
+			r, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://gw/v1/messages", strings.NewReader(tc.body))
+			r.Header.Set("Content-Type", "application/json")
+			r.Header.Set("X-Claude-Code-Session-Id", "s")
+			var got []byte
+			var replayable bool
+			next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+				_, replayable = r.Body.(*replayBody)
+				var err error
+				got, err = io.ReadAll(r.Body)
+				return err
+			})
+			if err := h.ServeHTTP(httptest.NewRecorder(), r, next); err != nil {
+				t.Fatal(err)
+			}
+			if string(got) != tc.body {
+				t.Errorf("the proxy got %d bytes, the client sent %d", len(got), len(tc.body))
+			}
+			if m, _ := vars[VarModel].(string); m != tc.model {
+				t.Errorf("model variable %q, want %q", m, tc.model)
+			}
+			if replayable != tc.full {
+				t.Errorf("whole body read: %v, want %v", replayable, tc.full)
+			}
+		})
+	}
 }

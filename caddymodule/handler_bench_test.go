@@ -69,15 +69,17 @@ func BenchmarkRouteRequest(b *testing.B) {
 	cases := []benchCase{
 		{"lm_warden/session-header", true, small, true, false},
 		{"lm_warden/body-user_id-256KB", false, big, true, false},
+		{"lm_warden/session-header-256KB", true, big, true, false},
 		{"lm_warden-policy-only/session-header", true, small, false, true},
 		{"least_conn/session-header", true, small, false, false},
 		{"least_conn/body-256KB", false, big, false, false},
+		{"lm_warden/session-header-no-model-var", true, small, true, false},
 	}
 	for _, bc := range cases {
 		b.Run(bc.name, func(b *testing.B) {
 			pool := benchPool(4)
 			var lc reverseproxy.LeastConnSelection
-			h := &Handler{}
+			h := &Handler{NoModelVar: strings.HasSuffix(bc.name, "no-model-var")}
 			if err := h.Provision(benchCtx()); err != nil {
 				b.Fatal(err)
 			}

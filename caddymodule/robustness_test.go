@@ -652,6 +652,29 @@ func TestRetryAfterAnAnswerResendsTheWholeBody(t *testing.T) {
 		})
 	}
 	waitFor(t, "in flight back to 0", func() bool { return rs.card("retry").InFlight == 0 })
+
+	// A large body keyed by a header is streamed after its first bytes
+	// (only the model is read); Caddy's request_buffers keeps it for such
+	// retries, as for any unbuffered body.
+	rs = loadRobustSite(t, fmt.Sprintf(`
+	lm_warden
+	reverse_proxy %s %s {
+		%s
+		request_buffers 1MiB
+		lb_retries 2
+		lb_retry_match {
+			expression `+"`{rp.status_code} == 503`"+`
+		}
+	}`, busy, echo, policyBlock("retry-big", "client_pin_header X-Pin")))
+	body := `{"model":"qwen3-4b","messages":[{"role":"user","content":"` + strings.Repeat("large turn ", 4000) + `"}]}`
+	res := rs.send("/v1/messages", body, map[string]string{"X-Pin": busy, "X-Claude-Code-Session-Id": "retry-big"})
+	var got echoed
+	if err := json.Unmarshal([]byte(res.body), &got); res.status != http.StatusOK || err != nil {
+		t.Fatalf("large body retried with request_buffers: %d %s", res.status, res.body)
+	}
+	if sum := sha256.Sum256([]byte(body)); got.Len != len(body) || got.SHA != hex.EncodeToString(sum[:]) {
+		t.Errorf("the retry carried %d bytes, the client sent %d", got.Len, len(body))
+	}
 }
 
 // TestModelFromTheBodysStart checks the handler's model variable when the

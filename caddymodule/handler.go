@@ -154,6 +154,7 @@ type routeState struct {
 	routed      bool
 	detached    bool        // routed without the handler: the slot is freed with the request context
 	body        *replayBody // the request body the handler read and put back, rewound on retries
+	rb          replayBody  // what body points to, kept here to save an allocation
 	ntried      int
 	tried       [4]string // replicas chosen for this request so far
 	extra       []string  // more of them, past len(tried)
@@ -188,11 +189,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		var tooBig bool
 		var err error
 		if keyFromBody {
-			body, tooBig, err = h.readBody(r)
+			body, tooBig, err = h.readBody(r, &st.rb)
 		} else {
 			// only the model variable: read the body's start when that
 			// holds the model, else all of it
-			model, body, tooBig, err = h.peekModel(r)
+			model, body, tooBig, err = h.peekModel(r, &st.rb)
 		}
 		if tooBig {
 			writeAPIError(w, st.api, http.StatusRequestEntityTooLarge,
@@ -300,7 +301,7 @@ const jsonType = "application/json"
 // readBody reads the whole body, bounded by MaxBody, and puts it back so the
 // proxy (and its retries) send it unchanged. tooBig reports a body over the
 // limit; the body is then not restored, since the request is refused.
-func (h *Handler) readBody(r *http.Request) (body []byte, tooBig bool, err error) {
+func (h *Handler) readBody(r *http.Request, rb *replayBody) (body []byte, tooBig bool, err error) {
 	if r.ContentLength > h.MaxBody {
 		return nil, true, nil
 	}
@@ -321,14 +322,15 @@ func (h *Handler) readBody(r *http.Request) (body []byte, tooBig bool, err error
 		}
 		body = b.Bytes()
 	}
-	h.replay(r, body)
+	h.replay(r, body, rb)
 	return body, false, nil
 }
 
 // replay puts body, read in full, back as the request's body.
-func (h *Handler) replay(r *http.Request, body []byte) {
+func (h *Handler) replay(r *http.Request, body []byte, rb *replayBody) {
 	_ = r.Body.Close()
-	r.Body = &replayBody{b: body}
+	rb.b, rb.off = body, 0
+	r.Body = rb
 	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 	r.ContentLength = int64(len(body))
 	r.TransferEncoding = nil
@@ -388,13 +390,13 @@ const peekSize = 4 << 10
 // not kept for retries after an upstream has read it (as with Caddy's own
 // unbuffered bodies; reverse_proxy's request_buffers keeps it). Otherwise it
 // reads the whole body as readBody does and returns it in body.
-func (h *Handler) peekModel(r *http.Request) (model string, body []byte, tooBig bool, err error) {
+func (h *Handler) peekModel(r *http.Request, rb *replayBody) (model string, body []byte, tooBig bool, err error) {
 	n := r.ContentLength
 	if n > h.MaxBody {
 		return "", nil, true, nil
 	}
 	if n <= peekSize {
-		body, tooBig, err = h.readBody(r)
+		body, tooBig, err = h.readBody(r, rb)
 		return "", body, tooBig, err
 	}
 	head := make([]byte, peekSize)
@@ -410,7 +412,7 @@ func (h *Handler) peekModel(r *http.Request) (model string, body []byte, tooBig 
 	if _, err := io.ReadFull(r.Body, body[peekSize:]); err != nil {
 		return "", nil, false, err
 	}
-	h.replay(r, body)
+	h.replay(r, body, rb)
 	return "", body, false, nil
 }
 

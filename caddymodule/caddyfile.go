@@ -97,6 +97,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 //	    model              <name>
 //	    affinity           on|off
 //	    spill_threshold    auto|<n>
+//	    spill_waiting      off|<n>
 //	    max_num_seqs       <n>
 //	    idle_ttl           <duration>
 //	    active_window      <duration>
@@ -165,6 +166,20 @@ func (p *Policy) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.Errf("spill_threshold must be auto or a positive integer, got %q", v)
 			}
 			p.SpillThreshold = n
+		case "spill_waiting":
+			var v string
+			if !d.AllArgs(&v) {
+				return d.ArgErr()
+			}
+			if v == "off" {
+				p.SpillWaiting = 0
+				continue
+			}
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 {
+				return d.Errf("spill_waiting must be off or a positive integer, got %q", v)
+			}
+			p.SpillWaiting = n
 		case "max_num_seqs", "max_sessions", "fail_after", "data_parallel_size":
 			n, err := parsePositive(d)
 			if err != nil {

@@ -23,6 +23,7 @@ func TestPolicyCaddyfile(t *testing.T) {
 			model qwen3-4b
 			affinity off
 			spill_threshold 8
+			spill_waiting 2
 			max_num_seqs 32
 			idle_ttl 1h
 			active_window 10m
@@ -36,7 +37,7 @@ func TestPolicyCaddyfile(t *testing.T) {
 			client_pin_header X-LM-Warden-Replica
 			route_header off
 		}`, &Policy{
-			Model: "qwen3-4b", Affinity: ptr(false), SpillThreshold: 8, MaxNumSeqs: 32,
+			Model: "qwen3-4b", Affinity: ptr(false), SpillThreshold: 8, SpillWaiting: 2, MaxNumSeqs: 32,
 			IdleTTL: caddy.Duration(time.Hour), ActiveWindow: caddy.Duration(10 * time.Minute),
 			MaxSessions: 5000, PollInterval: caddy.Duration(2 * time.Second),
 			PollTimeout: caddy.Duration(1500 * time.Millisecond), FailAfter: 4, MetricsPath: "/prom",
@@ -49,6 +50,13 @@ func TestPolicyCaddyfile(t *testing.T) {
 		}`, &Policy{Model: "m", Affinity: ptr(true)}, false},
 		{"bad spill", `lm_warden {
 			spill_threshold zero
+		}`, &Policy{}, true},
+		{"spill_waiting off", `lm_warden {
+			model m
+			spill_waiting off
+		}`, &Policy{Model: "m"}, false},
+		{"bad spill_waiting", `lm_warden {
+			spill_waiting -1
 		}`, &Policy{}, true},
 		{"bad affinity", `lm_warden {
 			affinity maybe

@@ -65,6 +65,13 @@ type Policy struct {
 	// turns spill to another replica. 0 means auto: max(1, max_num_seqs/4).
 	SpillThreshold int `json:"spill_threshold,omitempty"`
 
+	// Requests waiting in a replica's vLLM queue (polled) at which its
+	// conversations also spill, to a replica with an empty queue that is not
+	// over the spill threshold. Under KV pressure vLLM runs fewer requests
+	// than the threshold and queues the rest, so the running count alone
+	// never moves a turn. 0 (the default) turns it off.
+	SpillWaiting int `json:"spill_waiting,omitempty"`
+
 	// The model's --max-num-seqs per replica (vLLM does not publish it).
 	// Default 256.
 	MaxNumSeqs int `json:"max_num_seqs,omitempty"`
@@ -132,6 +139,7 @@ func (p *Policy) routerConfig() placement.Config {
 		AffinityOff:    p.Affinity != nil && !*p.Affinity,
 		MaxNumSeqs:     p.MaxNumSeqs,
 		SpillThreshold: p.SpillThreshold,
+		SpillWaiting:   p.SpillWaiting,
 		IdleTTL:        time.Duration(p.IdleTTL),
 		ActiveWindow:   time.Duration(p.ActiveWindow),
 		MaxBindings:    p.MaxSessions,
@@ -214,6 +222,8 @@ func (p *Policy) Validate() error {
 		return errors.New("lm_warden: model is required")
 	case p.SpillThreshold < 0:
 		return fmt.Errorf("lm_warden %s: spill_threshold must not be negative", p.Model)
+	case p.SpillWaiting < 0:
+		return fmt.Errorf("lm_warden %s: spill_waiting must not be negative", p.Model)
 	case p.MaxNumSeqs < 0, p.MaxSessions < 0, p.FailAfter < 0, p.DataParallelSize < 0:
 		return fmt.Errorf("lm_warden %s: counts must not be negative", p.Model)
 	case p.PollScheme != "" && p.PollScheme != "http" && p.PollScheme != "https":

@@ -26,13 +26,13 @@ import (
 	"github.com/lmwarden/caddy-lmwarden/emulator"
 )
 
-// robustPorts are the in-process Caddy's admin and site ports for the tests
-// in this file: free ports picked once per test process, so two processes
-// running this package's tests at once (Caddy listens with SO_REUSEPORT)
-// never share a listener.
+// robustPorts is the in-process Caddy's admin port for the tests in this
+// file: a free port picked once per test process, so two processes running
+// this package's tests at once (Caddy listens with SO_REUSEPORT) never share
+// a listener.
 var robustPorts struct {
-	once        sync.Once
-	admin, site int
+	once  sync.Once
+	admin int
 }
 
 func freeLoopbackPort(t *testing.T) int {
@@ -48,18 +48,28 @@ func freeLoopbackPort(t *testing.T) int {
 // robustSite is the in-process Caddy loaded by loadRobustSite.
 type robustSite struct {
 	t     *testing.T
+	port  int    // the site's port
 	admin string // base URL of the admin endpoint
 	url   string // base URL of the site
 }
 
 // loadRobustSite (re)loads the in-process Caddy with one site whose body is
 // site, directly through caddy.Load, on this file's ports.
+//
+// Every load gets a fresh site port: the previous server keeps its listener
+// through its grace period, and with SO_REUSEPORT a new connection to a
+// shared port can still land on it and be served by the old configuration.
 func loadRobustSite(t *testing.T, site string) *robustSite {
 	t.Helper()
-	robustPorts.once.Do(func() {
-		robustPorts.admin, robustPorts.site = freeLoopbackPort(t), freeLoopbackPort(t)
-	})
-	admin, port := robustPorts.admin, robustPorts.site
+	return reloadRobustSite(t, freeLoopbackPort(t), site)
+}
+
+// reloadRobustSite loads the site on a given port, for tests that change the
+// configuration under a running client.
+func reloadRobustSite(t *testing.T, port int, site string) *robustSite {
+	t.Helper()
+	robustPorts.once.Do(func() { robustPorts.admin = freeLoopbackPort(t) })
+	admin := robustPorts.admin
 	cfg := fmt.Sprintf(`{
 	admin 127.0.0.1:%d
 	http_port %d
@@ -85,7 +95,7 @@ http://127.0.0.1:%d {
 		t.Fatalf("loading: %v", err)
 	}
 	testClient.CloseIdleConnections()
-	return &robustSite{t: t, admin: fmt.Sprintf("http://127.0.0.1:%d", admin), url: fmt.Sprintf("http://127.0.0.1:%d", port)}
+	return &robustSite{t: t, port: port, admin: fmt.Sprintf("http://127.0.0.1:%d", admin), url: fmt.Sprintf("http://127.0.0.1:%d", port)}
 }
 
 func (rs *robustSite) getJSON(path string, into any) {
@@ -292,7 +302,7 @@ func TestReloadUnderLoad(t *testing.T) {
 	}
 	for _, threshold := range []int{5, 9, 6, 10} {
 		time.Sleep(150 * time.Millisecond)
-		loadRobustSite(t, site(threshold))
+		reloadRobustSite(t, rs.port, site(threshold))
 	}
 	time.Sleep(150 * time.Millisecond)
 	stop.Store(true)

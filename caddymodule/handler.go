@@ -222,7 +222,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	rw := watcherPool.Get().(*responseWatcher)
 	rw.ResponseWriter, rw.st = w, st
 	rw.measure = r.Method == http.MethodPost && !strings.HasSuffix(r.URL.Path, "/count_tokens")
-	defer h.finish(r, rw)
+	defer h.finish(rw)
 
 	err := next.ServeHTTP(rw, r)
 	if err != nil && !rw.wroteHeader {
@@ -252,7 +252,7 @@ func noReplicaMessage(st *routeState, status int) string {
 // finish runs when the response has ended, however it ended (normally, client
 // gone, upstream error, panic): it records the tokens the replica reported
 // and frees the in-flight slot.
-func (h *Handler) finish(r *http.Request, rw *responseWatcher) {
+func (h *Handler) finish(rw *responseWatcher) {
 	st := rw.st
 	if st.routed {
 		st.dec.Release()

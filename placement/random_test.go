@@ -35,7 +35,13 @@ func checkInvariants(t *testing.T, r *Router) {
 		t.Fatalf("global list has %d, want %d", n, r.b.n)
 	}
 	total := 0
-	for _, p := range r.reps {
+	for i, p := range r.reps {
+		if p == nil {
+			continue // forgotten
+		}
+		if r.byID[p.id] != int32(i) || p.idx != int32(i) {
+			t.Fatalf("replica %s: index %d, byID %d", p.id, i, r.byID[p.id])
+		}
 		cnt, act, prev, inactiveSeen := 0, 0, nilIdx, false
 		for e := p.head; e != nilIdx; e = r.b.ents[e].rnext {
 			en := r.b.ents[e]

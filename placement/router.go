@@ -132,15 +132,19 @@ func (r Reason) String() string {
 	return "unknown"
 }
 
-// replica is the Router's state for one replica ID. Replicas are never
-// deleted from the table (only marked absent), so bindings and outstanding
-// decisions can refer to them by index or pointer; an ID that comes back
-// gets its old entry, and its bindings become valid again.
+// replica is the Router's state for one replica ID. A removed replica is
+// only marked absent at first, so bindings and outstanding decisions can
+// refer to it by index or pointer; an ID that comes back within IdleTTL gets
+// its old entry, and its bindings become valid again. Once it has been gone
+// for longer than IdleTTL with nothing in flight, every binding it held has
+// expired and the entry is dropped (see forgetGone): dynamic upstreams that
+// rotate addresses do not grow the table.
 type replica struct {
 	id       string
 	idx      int32
 	present  bool
 	avail    bool
+	goneAt   int64 // Router.clock when it was last removed; meaningful while !present
 	inflight atomic.Int64
 	load     Load
 
@@ -184,8 +188,10 @@ type Router struct {
 	since     time.Time
 	clock     int64 // latest time seen, unix nanos
 
-	reps  []*replica       // every replica ever known, by index
+	reps  []*replica       // known replicas by index; nil where one was forgotten
 	byID  map[string]int32 // ID → index
+	free  []int32          // indices of forgotten replicas, for reuse
+	gone  int              // known replicas not present
 	order []int32          // present replicas, in SetReplicas order
 	rr    uint32           // round-robin offset for ties
 
@@ -263,7 +269,9 @@ func (r *Router) Affinity() bool {
 
 // SetReplicas sets the replica IDs. New IDs are added as available; IDs not
 // in ids are removed, and conversations bound to them are placed anew on
-// their next turn (ReasonReplaced). Order matters only for round-robin.
+// their next turn (ReasonReplaced). A removed ID that comes back within
+// IdleTTL finds its bindings again; after that its state is forgotten.
+// Order matters only for round-robin.
 func (r *Router) SetReplicas(ids []string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -273,8 +281,13 @@ func (r *Router) SetReplicas(ids []string) {
 	for _, id := range ids {
 		i, ok := r.byID[id]
 		if !ok {
-			i = int32(len(r.reps))
-			r.reps = append(r.reps, &replica{id: id, idx: i, head: nilIdx, tail: nilIdx, activeTail: nilIdx})
+			if n := len(r.free); n > 0 {
+				i, r.free = r.free[n-1], r.free[:n-1]
+			} else {
+				i = int32(len(r.reps))
+				r.reps = append(r.reps, nil)
+			}
+			r.reps[i] = &replica{id: id, idx: i, head: nilIdx, tail: nilIdx, activeTail: nilIdx}
 			r.byID[id] = i
 		}
 		p := r.reps[i]
@@ -287,12 +300,43 @@ func (r *Router) SetReplicas(ids []string) {
 		}
 		r.order = append(r.order, i)
 	}
+	r.gone = 0
 	for _, p := range r.reps {
-		if p.exclEpoch != mark {
-			p.present = false
+		if p == nil || p.exclEpoch == mark {
+			continue
 		}
+		if p.present {
+			p.present, p.goneAt = false, r.clock
+		}
+		r.gone++
 	}
 	r.exclEpoch++
+	r.forgetGone()
+}
+
+// forgetGone drops the replicas that have been absent for longer than
+// IdleTTL (as of the latest time seen) and have nothing in flight. Their
+// bindings cannot have had a turn since they left (only present replicas
+// are chosen), so all of them have expired; they are removed with them.
+// Without in-flight requests no Decision refers to the replica any more.
+func (r *Router) forgetGone() {
+	if r.gone == 0 {
+		return
+	}
+	cut := r.clock - int64(r.cfg.IdleTTL)
+	for i, p := range r.reps {
+		if p == nil || p.present || p.goneAt >= cut || p.inflight.Load() != 0 {
+			continue
+		}
+		for p.head != nilIdx {
+			r.removeEntry(p.head)
+			r.expired++
+		}
+		delete(r.byID, p.id)
+		r.reps[i] = nil
+		r.free = append(r.free, int32(i))
+		r.gone--
+	}
 }
 
 // SetAvailable marks a replica available or not. Unknown IDs are ignored.
@@ -574,12 +618,15 @@ func (r *Router) Bound(key string) (replica string, ok bool) {
 }
 
 // Sweep removes every binding idle for longer than IdleTTL at now and
-// returns how many it removed. Call it periodically; Route also removes a
-// few expired bindings on each call.
+// returns how many it removed; it also forgets replicas removed for longer
+// than IdleTTL. Call it periodically; Route also removes a few expired
+// bindings on each call.
 func (r *Router) Sweep(now time.Time) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.expireOldest(r.now(now), -1)
+	n := r.expireOldest(r.now(now), -1)
+	r.forgetGone()
+	return n
 }
 
 // Len returns the number of bindings held (expired ones not yet swept

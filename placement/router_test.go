@@ -692,3 +692,82 @@ func TestSpillWaiting(t *testing.T) {
 		})
 	}
 }
+
+// TestReplicaChurnBounded rotates through 1,000 replica addresses, as DNS
+// upstreams that change over time do: the replica table, its bindings and
+// the ID index must stay bounded by what IdleTTL can hold, and a replica
+// that comes back within IdleTTL still finds its conversations.
+func TestReplicaChurnBounded(t *testing.T) {
+	const ttl = time.Minute
+	r := NewRouter(Config{IdleTTL: ttl})
+	now := t0
+	set := make([]string, 4)
+	for gen := range 1000 {
+		for i := range set {
+			set[i] = fmt.Sprintf("10.0.%d.%d:8000", (gen+i)/250, (gen+i)%250)
+		}
+		r.SetReplicas(set)
+		for k := range 8 {
+			d, err := r.Route(Request{Key: fmt.Sprint("conv-", gen, "-", k), Now: now})
+			if err != nil {
+				t.Fatalf("gen %d: %v", gen, err)
+			}
+			d.Release()
+		}
+		now = now.Add(10 * time.Second) // a replica leaves every 10 s
+		r.Sweep(now)
+		if gen%100 == 0 {
+			checkInvariants(t, r)
+		}
+	}
+	checkInvariants(t, r)
+	r.mu.Lock()
+	tableLen, ids, free, bound := len(r.reps), len(r.byID), len(r.free), r.b.n
+	r.mu.Unlock()
+	// 4 present plus those removed within the last IdleTTL (6 at one per 10 s),
+	// one more while a Sweep has not yet run
+	if ids > 4+int(ttl/(10*time.Second))+1 {
+		t.Fatalf("%d replica IDs known after churn, want at most %d", ids, 4+int(ttl/(10*time.Second))+1)
+	}
+	if tableLen != ids+free || tableLen > 16 {
+		t.Fatalf("table of %d (%d IDs, %d free slots) after churn", tableLen, ids, free)
+	}
+	if bound > 8*(int(ttl/(10*time.Second))+1) {
+		t.Fatalf("%d bindings held after churn", bound)
+	}
+	if s := r.Snapshot(); len(s.Replicas) != 4 || s.Requests != 8000 {
+		t.Fatalf("snapshot after churn: %d replicas, %d requests", len(s.Replicas), s.Requests)
+	}
+
+	// A replica removed and back within IdleTTL keeps its conversation.
+	r.SetReplicas([]string{"a", "b"})
+	d, _ := r.Route(Request{Key: "c", Pin: "b", Now: now})
+	d.Release()
+	r.SetReplicas([]string{"a"})
+	r.Sweep(now.Add(ttl / 2))
+	r.SetReplicas([]string{"a", "b"})
+	if got, ok := r.Bound("c"); !ok || got != "b" {
+		t.Fatalf("conversation on a replica back within IdleTTL: %q %v", got, ok)
+	}
+	// Gone for longer than IdleTTL: forgotten with its bindings.
+	r.SetReplicas([]string{"a"})
+	d, _ = r.Route(Request{Key: "held", Pin: "a", Now: now.Add(ttl / 2)})
+	r.SetReplicas(nil) // "a" leaves with a request in flight
+	r.Sweep(now.Add(3 * ttl))
+	r.mu.Lock()
+	_, bKnown := r.byID["b"]
+	_, aKnown := r.byID["a"]
+	r.mu.Unlock()
+	if bKnown || !aKnown {
+		t.Fatalf("after 3×IdleTTL: b known %v (want false), a known %v (in flight, want true)", bKnown, aKnown)
+	}
+	d.Release()
+	r.Sweep(now.Add(3 * ttl))
+	r.mu.Lock()
+	_, aKnown = r.byID["a"]
+	r.mu.Unlock()
+	if aKnown || r.Len() != 0 {
+		t.Fatalf("after release: a known %v, %d bindings", aKnown, r.Len())
+	}
+	checkInvariants(t, r)
+}

@@ -50,6 +50,7 @@ type bucket struct {
 
 type replicaAccount struct {
 	totals TokenTotals
+	last   int64 // latest Unix second recorded
 	ring   [SeriesLength]bucket
 }
 
@@ -84,6 +85,7 @@ func (a *Accountant) Record(replica string, u Usage, now time.Time) {
 		r = &replicaAccount{}
 		a.replicas[replica] = r
 	}
+	r.last = max(r.last, sec)
 	t := &r.totals
 	t.Requests++
 	t.Cached += cached
@@ -143,6 +145,25 @@ func (a *Accountant) Forget(replica string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	delete(a.replicas, replica)
+}
+
+// ForgetIdle drops the replicas keep rejects (nil keeps none) whose latest
+// recorded second is at least an hour before now, so nothing of theirs is
+// left in the hour Series shows: a replica that left the pool is forgotten
+// once its hour has passed, and replicas that come and go (dynamic
+// upstreams) do not grow the Accountant. It returns how many it dropped.
+func (a *Accountant) ForgetIdle(now time.Time, keep func(replica string) bool) int {
+	cut := now.Unix() - SeriesLength
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n := 0
+	for id, r := range a.replicas {
+		if r.last <= cut && (keep == nil || !keep(id)) {
+			delete(a.replicas, id)
+			n++
+		}
+	}
+	return n
 }
 
 func newBuckets() Buckets {

@@ -97,3 +97,50 @@ func TestAccountantConcurrent(t *testing.T) {
 		t.Fatalf("share %v", s.HourCachedShare)
 	}
 }
+
+// TestAccountantForgetIdle churns through 1,000 replica IDs, one new every
+// 10 s as rotating DNS upstreams would: with ForgetIdle run as the model's
+// poll does, at most an hour's worth of departed replicas is kept, and a
+// kept or recently used replica is never dropped.
+func TestAccountantForgetIdle(t *testing.T) {
+	a := NewAccountant()
+	t0 := time.Unix(1_800_000_000, 0)
+	u := Usage{PromptTokens: 100, CachedTokens: 60, CompletionTokens: 5, Measured: true, CachedMeasured: true}
+	id := func(i int) string {
+		return "10.0.0." + string(rune('a'+i%26)) + string(rune('a'+i/26%26)) + string(rune('a'+i/676))
+	}
+	current := map[string]bool{}
+	most := 0
+	now := t0
+	for i := range 1000 {
+		clear(current)
+		for k := range 4 {
+			current[id(i+k)] = true
+		}
+		a.Record(id(i), u, now)
+		a.ForgetIdle(now, func(r string) bool { return current[r] })
+		most = max(most, len(a.Replicas()))
+		now = now.Add(10 * time.Second)
+	}
+	if limit := SeriesLength/10 + 2; most > limit {
+		t.Fatalf("accountant held %d replicas during churn, want at most %d", most, limit)
+	}
+
+	b := NewAccountant()
+	b.Record("gone-long", u, t0)
+	b.Record("gone-recent", u, t0.Add(time.Hour))
+	b.Record("kept", u, t0)
+	at := t0.Add(time.Hour) // gone-long's second is just out of the hour
+	if n := b.ForgetIdle(at, func(r string) bool { return r == "kept" }); n != 1 {
+		t.Fatalf("dropped %d, want 1", n)
+	}
+	if got := b.Replicas(); len(got) != 2 || got[0] != "gone-recent" || got[1] != "kept" {
+		t.Fatalf("after ForgetIdle: %v", got)
+	}
+	if b.Series(at).Replicas["gone-recent"].Cached[SeriesLength-1] != 60 {
+		t.Fatal("recent replica's bucket lost")
+	}
+	if n := b.ForgetIdle(at.Add(time.Hour), nil); n != 2 {
+		t.Fatalf("nil keep dropped %d, want 2", n)
+	}
+}

@@ -69,10 +69,11 @@ type modelState struct {
 	poller    *vllmstats.Poller
 	poll      pollSettings
 	targets   []vllmstats.Target
+	current   map[string]bool // replica IDs in the pool; replaced, never written
 	started   bool
 	stopped   bool
 	logger    *zap.Logger
-	pollErrs  map[string]uint64 // poll rounds that failed, per replica, since start
+	pollErrs  map[string]uint64 // poll rounds that failed, per present replica
 	lastTaken time.Time
 }
 
@@ -159,15 +160,41 @@ func (m *modelState) start() {
 }
 
 // setTargets changes the replicas: the router's set and the poller's targets.
+// Poll error counts of replicas that left go with them, as the poller's own
+// state does.
 func (m *modelState) setTargets(ids []string, targets []vllmstats.Target) {
 	m.router.SetReplicas(ids)
+	current := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		current[id] = true
+	}
 	m.mu.Lock()
 	m.targets = targets
+	m.current = current
+	for id := range m.pollErrs {
+		if !current[id] {
+			delete(m.pollErrs, id)
+		}
+	}
 	p := m.poller
 	m.mu.Unlock()
 	if p != nil {
-		p.SetTargets(targets)
+		p.SetTargets(targets) // publishes a snapshot: onSnapshot forgets
+	} else {
+		m.forgetGone(time.Now())
 	}
+}
+
+// forgetGone drops the state of replicas that left the pool once it no
+// longer shows anything: the router forgets them after idle_ttl (Sweep), the
+// accountant once their last hour of token counts has passed. Replicas of
+// dynamic upstreams that rotate addresses then cost nothing after that.
+func (m *modelState) forgetGone(now time.Time) {
+	m.router.Sweep(now)
+	m.mu.Lock()
+	current := m.current
+	m.mu.Unlock()
+	m.acct.ForgetIdle(now, func(id string) bool { return current[id] })
 }
 
 // pollerSnapshot returns the latest poll round (never nil).
@@ -198,15 +225,18 @@ func (m *modelState) onSnapshot(s *vllmstats.Snapshot) {
 		})
 		if rs.LastError != "" && rs.Failures > 0 {
 			failed = append(failed, rs.ID)
+			// counted below only while the replica is in the pool
 		}
 	}
-	m.router.Sweep(time.Now())
+	m.forgetGone(time.Now())
 	m.mu.Lock()
 	if !s.Taken.Equal(m.lastTaken) {
 		// a new poll round (SetTargets republishes the previous one)
 		m.lastTaken = s.Taken
 		for _, id := range failed {
-			m.pollErrs[id]++
+			if m.current[id] {
+				m.pollErrs[id]++
+			}
 		}
 	}
 	m.mu.Unlock()

@@ -357,13 +357,17 @@ func (r *Router) UpdateLoad(id string, l Load) {
 	r.mu.Unlock()
 }
 
-func (r *Router) now(t time.Time) int64 {
-	var n int64
+// unixNanos returns t in Unix nanoseconds, the wall clock when t is zero.
+func unixNanos(t time.Time) int64 {
 	if t.IsZero() {
-		n = time.Now().UnixNano()
-	} else {
-		n = t.UnixNano()
+		return time.Now().UnixNano()
 	}
+	return t.UnixNano()
+}
+
+// advance moves the Router's clock to n unless it is already later, and
+// returns it: time never runs backwards for bindings. r.mu held.
+func (r *Router) advance(n int64) int64 {
 	if n > r.clock {
 		r.clock = n
 	}
@@ -378,9 +382,18 @@ func (r *Router) usable(p *replica) bool {
 // it; call Release on the Decision when the request is done. It returns
 // ErrNoReplica when no replica is available.
 func (r *Router) Route(req Request) (Decision, error) {
+	// the clock and the hashes need no lock
+	t := unixNanos(req.Now)
+	var h, parent uint64
+	if req.Key != "" {
+		h = r.hash(req.Key)
+		if req.Parent != "" {
+			parent = r.hash(req.Parent)
+		}
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	now := r.now(req.Now)
+	now := r.advance(t)
 	r.exclEpoch++
 	for _, id := range req.Exclude {
 		if i, ok := r.byID[id]; ok {
@@ -396,7 +409,7 @@ func (r *Router) Route(req Request) (Decision, error) {
 			p := r.reps[i]
 			var prev string
 			if affinity {
-				prev = r.bind(r.hash(req.Key), p, now)
+				prev = r.bind(h, p, now)
 			}
 			p.pinned++
 			d := r.take(p, ReasonClientPinned)
@@ -419,13 +432,12 @@ func (r *Router) Route(req Request) (Decision, error) {
 		return r.take(p, reason), nil
 	}
 
-	h := r.hash(req.Key)
 	e := r.lookup(h, now)
 	if e == nilIdx {
 		// New conversation: parent's replica first, then by score.
 		var p *replica
 		if req.Parent != "" {
-			if pe := r.lookup(r.hash(req.Parent), now); pe != nilIdx {
+			if pe := r.lookup(parent, now); pe != nilIdx {
 				if q := r.reps[r.b.ents[pe].rep]; r.usable(q) && q.running() <= r.threshold {
 					p = q
 				}
@@ -624,7 +636,7 @@ func (r *Router) Bound(key string) (replica string, ok bool) {
 func (r *Router) Sweep(now time.Time) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	n := r.expireOldest(r.now(now), -1)
+	n := r.expireOldest(r.advance(unixNanos(now)), -1)
 	r.forgetGone()
 	return n
 }

@@ -55,8 +55,6 @@ type slotPool struct {
 	seq  uint64
 }
 
-func (sp *slotPool) init() {}
-
 func (sp *slotPool) get(p *replica, r *Router) (*slot, uint64) {
 	sp.mu.Lock()
 	s := sp.free

@@ -214,7 +214,6 @@ func NewRouter(cfg Config) *Router {
 		byID:  make(map[string]int32),
 	}
 	r.b.init()
-	r.slots.init()
 	r.setConfig(cfg)
 	return r
 }
@@ -470,33 +469,36 @@ func (r *Router) Route(req Request) (Decision, error) {
 	r.keyed++
 	if bound.running() > r.threshold {
 		if p := r.best(now, bound, true); p != nil {
-			r.rebind(e, p, now)
-			p.spill++
-			d := r.take(p, ReasonSpilled)
-			d.Previous = bound.id
-			return d, nil
+			return r.spill(e, bound, p, now), nil
 		}
-		r.touch(e, now)
-		r.sticky++
-		bound.sticky++
 		bound.stayed++
-		return r.take(bound, ReasonStayedOverloaded), nil
+		return r.stay(e, bound, now, ReasonStayedOverloaded), nil
 	}
 	if k := r.cfg.SpillWaiting; k > 0 && bound.waiting() >= k {
 		if p := r.bestWith(now, func(q *replica) bool {
 			return q != bound && q.waiting() == 0 && q.running() <= r.threshold
 		}); p != nil {
-			r.rebind(e, p, now)
-			p.spill++
-			d := r.take(p, ReasonSpilled)
-			d.Previous = bound.id
-			return d, nil
+			return r.spill(e, bound, p, now), nil
 		}
 	}
+	return r.stay(e, bound, now, ReasonSticky), nil
+}
+
+// spill moves the conversation of entry e from its replica to p.
+func (r *Router) spill(e int32, from, p *replica, now int64) Decision {
+	r.rebind(e, p, now)
+	p.spill++
+	d := r.take(p, ReasonSpilled)
+	d.Previous = from.id
+	return d
+}
+
+// stay keeps the conversation of entry e on its replica p.
+func (r *Router) stay(e int32, p *replica, now int64, reason Reason) Decision {
 	r.touch(e, now)
 	r.sticky++
-	bound.sticky++
-	return r.take(bound, ReasonSticky), nil
+	p.sticky++
+	return r.take(p, reason)
 }
 
 func (r *Router) hash(key string) uint64 { return maphash.String(r.seed, key) }

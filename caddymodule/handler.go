@@ -215,9 +215,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		st.body, _ = r.Body.(*replayBody)
 	}
-	caddyhttp.SetVar(r.Context(), VarSession, st.key)
-	caddyhttp.SetVar(r.Context(), VarModel, model)
-	caddyhttp.SetVar(r.Context(), varRoute, st)
+	if vars := requestVars(r); vars != nil {
+		vars[VarSession] = st.key
+		vars[VarModel] = model
+		vars[varRoute] = st
+	}
 
 	rw := watcherPool.Get().(*responseWatcher)
 	rw.ResponseWriter, rw.st = w, st
@@ -236,6 +238,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 	}
 	return err
+}
+
+// requestVars returns the request's variables (what caddyhttp.SetVar and
+// GetVar use), nil outside a Caddy server, so that several are read and set
+// with one walk of the context chain. Values stored must not be nil.
+func requestVars(r *http.Request) map[string]any {
+	vars, _ := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
+	return vars
 }
 
 func noReplicaMessage(st *routeState, status int) string {

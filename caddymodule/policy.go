@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/textproto"
 	"strconv"
 	"strings"
 	"sync"
@@ -12,7 +13,6 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap"
 
@@ -194,7 +194,9 @@ func (p *Policy) Provision(ctx caddy.Context) error {
 	// else the running configuration keeps its settings until this one
 	// starts (App.Start): a configuration that fails to load changes nothing
 	p.routeHeader = p.RouteHeader == nil || *p.RouteHeader
-	p.pinHeader = p.ClientPinHeader
+	if p.ClientPinHeader != "" {
+		p.pinHeader = textproto.CanonicalMIMEHeaderKey(p.ClientPinHeader)
+	}
 	n := max(1, p.DataParallelSize)
 	if p.DataParallelSize > 1 {
 		p.ranks = make([]string, n)
@@ -351,13 +353,15 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 		return nil
 	}
 	rs := p.replicas(pool)
-	ctx := r.Context()
-	st, _ := caddyhttp.GetVar(ctx, varRoute).(*routeState)
+	vars := requestVars(r)
+	st, _ := vars[varRoute].(*routeState)
 	if st == nil {
 		// no lm_warden handler ran: keep the request's picks ourselves
 		st = &routeState{detached: true}
 		st.key, st.parent = defaultKeyExtractor.fromHeaders(r.Header)
-		caddyhttp.SetVar(ctx, varRoute, st)
+		if vars != nil {
+			vars[varRoute] = st
+		}
 	}
 	if st.routed {
 		// a previous attempt of this request failed: free its slot
@@ -383,8 +387,8 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 		req.Exclude = exclude
 	}
 	if p.pinHeader != "" {
-		if v := r.Header.Get(p.pinHeader); v != "" {
-			req.Pin = p.pinned(v, rs)
+		if v := r.Header[p.pinHeader]; len(v) > 0 && v[0] != "" {
+			req.Pin = p.pinned(v[0], rs)
 		}
 	}
 	dec, err := p.m.router.Route(req)
@@ -403,7 +407,7 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 	st.addTried(dec.Replica)
 	if st.detached {
 		// nobody watches the response end: free the slot with the request
-		context.AfterFunc(ctx, dec.Release)
+		context.AfterFunc(r.Context(), dec.Release)
 	}
 	reason := int(dec.Reason)
 	if reason >= numReasons {
@@ -412,8 +416,10 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 	if p.routeHeader && w != nil {
 		w.Header()[routeHeaderKey] = []string{at.routes[reason]}
 	}
-	caddyhttp.SetVar(ctx, VarReplica, at.id)
-	caddyhttp.SetVar(ctx, VarReason, reasonVars[reason])
+	if vars != nil {
+		vars[VarReplica] = at.id
+		vars[VarReason] = reasonVars[reason]
+	}
 	return pool[at.up]
 }
 

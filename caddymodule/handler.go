@@ -152,9 +152,8 @@ type routeState struct {
 	model       *modelState // set by the policy that routed the request
 	dec         placement.Decision
 	routed      bool
-	detached    bool        // routed without the handler: the slot is freed with the request context
-	body        *replayBody // the request body the handler read and put back, rewound on retries
-	rb          replayBody  // what body points to, kept here to save an allocation
+	detached    bool       // routed without the handler: the slot is freed with the request context
+	rb          replayBody // the request body the handler read and put back (rb.b != nil), rewound on retries
 	ntried      int
 	tried       [4]string // replicas chosen for this request so far
 	extra       []string  // more of them, past len(tried)
@@ -213,7 +212,6 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			}
 			model = modelFromBody(view)
 		}
-		st.body, _ = r.Body.(*replayBody)
 	}
 	if vars := requestVars(r); vars != nil {
 		vars[VarSession] = st.key

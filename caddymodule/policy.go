@@ -197,9 +197,8 @@ func (p *Policy) Provision(ctx caddy.Context) error {
 	if p.ClientPinHeader != "" {
 		p.pinHeader = textproto.CanonicalMIMEHeaderKey(p.ClientPinHeader)
 	}
-	n := max(1, p.DataParallelSize)
 	if p.DataParallelSize > 1 {
-		p.ranks = make([]string, n)
+		p.ranks = make([]string, p.DataParallelSize)
 		for i := range p.ranks {
 			p.ranks[i] = strconv.Itoa(i)
 		}
@@ -367,9 +366,9 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 		// a previous attempt of this request failed: free its slot
 		st.dec.Release()
 		st.routed = false
-		if st.body != nil {
+		if st.rb.b != nil {
 			// the failed attempt may have sent (part of) the body
-			st.body.rewind()
+			st.rb.rewind()
 		}
 	}
 

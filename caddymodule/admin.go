@@ -135,7 +135,7 @@ func (adminAPI) handleModels(w http.ResponseWriter, r *http.Request) error {
 		out.Models = append(out.Models, ModelSummary{
 			Model: m.name, Affinity: s.Affinity, SpillThreshold: s.SpillThreshold, SpillAuto: s.SpillAuto,
 			StickyPct: s.StickyShare * 100, InFlight: s.InFlight, Replicas: len(s.Replicas),
-			Reachable: reach, Bindings: s.Bindings, HourCachedShare: m.acct.Series(now).HourCachedShare,
+			Reachable: reach, Bindings: s.Bindings, HourCachedShare: m.acct.HourCachedShare(now),
 		})
 	}
 	return writeJSON(w, out)

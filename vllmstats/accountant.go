@@ -166,6 +166,28 @@ func (a *Accountant) ForgetIdle(now time.Time, keep func(replica string) bool) i
 	return n
 }
 
+// HourCachedShare returns Series(now).HourCachedShare without building the
+// series: cached / (cached + computed) over the hour ending with the second
+// of now, 0 when there were no prompt tokens.
+func (a *Accountant) HourCachedShare(now time.Time) float64 {
+	start := now.Unix() - SeriesLength + 1
+	var cached, computed uint64
+	a.mu.Lock()
+	for _, r := range a.replicas {
+		for i := range r.ring {
+			if b := &r.ring[i]; b.sec >= start && b.sec <= now.Unix() {
+				cached += b.cached
+				computed += b.computed
+			}
+		}
+	}
+	a.mu.Unlock()
+	if cached+computed == 0 {
+		return 0
+	}
+	return float64(cached) / float64(cached+computed)
+}
+
 func newBuckets() Buckets {
 	return Buckets{
 		Cached:    make([]uint64, SeriesLength),

@@ -144,3 +144,22 @@ func TestAccountantForgetIdle(t *testing.T) {
 		t.Fatalf("nil keep dropped %d, want 2", n)
 	}
 }
+
+// TestHourCachedShareMatchesSeries checks the allocation-free share against
+// the one Series computes, inside, at the edge of and past the hour.
+func TestHourCachedShareMatchesSeries(t *testing.T) {
+	a := NewAccountant()
+	t0 := time.Unix(1_800_000_000, 0)
+	a.Record("r1", Usage{PromptTokens: 1000, CachedTokens: 800, Measured: true, CachedMeasured: true}, t0)
+	a.Record("r2", Usage{PromptTokens: 300, Measured: true}, t0.Add(30*time.Minute))
+	a.Record("r1", Usage{PromptTokens: 500, CachedTokens: 100, Measured: true, CachedMeasured: true}, t0.Add(-time.Hour))
+	for _, at := range []time.Duration{-time.Hour, -time.Second, 0, time.Minute, time.Hour - time.Second, time.Hour, 90 * time.Minute, 3 * time.Hour} {
+		now := t0.Add(at)
+		if got, want := a.HourCachedShare(now), a.Series(now).HourCachedShare; got != want {
+			t.Errorf("at %v: share %v, Series says %v", at, got, want)
+		}
+	}
+	if got := a.HourCachedShare(t0); got != 800.0/1000 {
+		t.Errorf("share at t0 %v, want 0.8", got)
+	}
+}

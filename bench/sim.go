@@ -130,9 +130,9 @@ func Sim(cfg SimConfig) (*Report, error) {
 	s := &simulator{
 		cfg:    cfg,
 		gen:    gen,
-		sysTok: emulator.Tokenize(renderSystem(gen.System())),
-		genTok: emulator.Tokenize(generationPrompt),
-		endTok: emulator.Tokenize(answerEnd),
+		sysTok: emulator.Tokenize(emulator.RenderMessage("system", gen.System())),
+		genTok: emulator.Tokenize(emulator.GenerationPrompt),
+		endTok: emulator.Tokenize(emulator.TurnEnd),
 		byID:   map[string]int{},
 		rng:    rand.New(rand.NewPCG(cfg.Workload.Seed, 0xca11ab1e)),
 	}
@@ -177,20 +177,6 @@ func validMode(m string) bool {
 	}
 	return false
 }
-
-// renderSystem and renderMessage render prompts as the emulator's server
-// does (the ChatML-like template Qwen3 uses), so a turn's prompt is the
-// previous turn's prompt, its answer and the new message, token for token.
-func renderSystem(text string) string { return "<|im_start|>system\n" + text + "<|im_end|>\n" }
-
-func renderMessage(role, text string) string {
-	return "<|im_start|>" + role + "\n" + text + "<|im_end|>\n"
-}
-
-const (
-	generationPrompt = "<|im_start|>assistant\n"
-	answerEnd        = "<|im_end|>\n"
-)
 
 func (s *simulator) stage(mode string, n int) (Stage, error) {
 	s.mode = mode
@@ -343,7 +329,7 @@ func (s *simulator) newSession(sl *simSlot, start int) {
 	sl.sess = s.gen.NextAt(start)
 	sl.hist = append(sl.hist[:0], s.sysTok...)
 	for t, a := range sl.sess.Answers {
-		sl.hist = emulator.AppendTokens(sl.hist, renderMessage("user", sl.sess.Messages[t]))
+		sl.hist = emulator.AppendTokens(sl.hist, emulator.RenderMessage("user", sl.sess.Messages[t]))
 		sl.hist = append(sl.hist, s.genTok...)
 		sl.hist = emulator.AppendTokens(sl.hist, a)
 		sl.hist = append(sl.hist, s.endTok...)
@@ -355,7 +341,7 @@ func (s *simulator) newSession(sl *simSlot, start int) {
 func (s *simulator) send(sl *simSlot) {
 	sess := sl.sess
 	turn := sess.Turn()
-	sl.hist = emulator.AppendTokens(sl.hist, renderMessage("user", sess.Messages[turn]))
+	sl.hist = emulator.AppendTokens(sl.hist, emulator.RenderMessage("user", sess.Messages[turn]))
 	prompt := append(append(make([]uint32, 0, len(sl.hist)+len(s.genTok)), sl.hist...), s.genTok...)
 	rep, release := s.route(sess.ID)
 	t := &simTurn{slot: sl, rep: rep, release: release}

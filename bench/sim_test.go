@@ -176,5 +176,5 @@ func emulatorTokens(t *testing.T, cfg SimConfig) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return len(emulator.Tokenize(renderSystem(gen.System())))
+	return len(emulator.Tokenize(emulator.RenderMessage("system", gen.System())))
 }

@@ -7,7 +7,7 @@ import (
 )
 
 func FuzzParseMetrics(f *testing.F) {
-	for _, name := range []string{"four_engines.txt", "single_no_engine.txt", "single_engine_rank.txt", "legacy.txt"} {
+	for _, name := range []string{"four_engines.txt", "single_no_engine.txt", "single_engine_rank.txt", "legacy.txt", "sim_v0.10.2_excerpt.txt", "sim_v0.10.2.txt", "sim_main.txt", "sim_v0.10.2_no_prefix.txt", "vllm_v1.txt"} {
 		f.Add(readFixture(f, name))
 	}
 	f.Add("vllm:num_requests_running{engine=\"0\"} NaN\n")
@@ -30,6 +30,19 @@ func FuzzParseMetrics(f *testing.F) {
 			}
 			if e.BlockSize < 0 || e.NumGPUBlocks < 0 {
 				t.Fatalf("negative cache config %+v", e)
+			}
+			if e.Present == 0 || e.Present&^AllFigures != 0 {
+				t.Fatalf("engine %q with figures %b", id, e.Present)
+			}
+			// an absent figure reads as 0, never as a stale or partial value
+			for _, f := range []struct {
+				fig Figures
+				v   float64
+			}{{FigRunning, e.Running}, {FigWaiting, e.Waiting}, {FigKVUsage, e.KVUsage}, {FigPrefixQueries, e.PrefixQueries},
+				{FigPrefixHits, e.PrefixHits}, {FigPromptTokens, e.PromptTokens}, {FigGenerationTokens, e.GenerationTokens}} {
+				if !e.Present.Has(f.fig) && f.v != 0 {
+					t.Fatalf("absent figure %v holds %v", f.fig, f.v)
+				}
 			}
 		}
 	})

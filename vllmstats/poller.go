@@ -96,7 +96,12 @@ type ReplicaStats struct {
 
 	// HitRateWindow is Δhits/Δqueries of the prefix cache over the last
 	// Window, HitRateTotal since the poller started; 0 when no queries.
+	// Both are meaningful only when HitRateKnown.
 	HitRateWindow, HitRateTotal float64
+	// HitRateKnown is true when the last good poll found both prefix-cache
+	// counters (Metrics.Present has FigPrefix). When false the hit rates are
+	// unknown, not 0.
+	HitRateKnown bool
 	// WindowQueries are the prefix-cache queries (tokens) within the window.
 	WindowQueries float64
 	// Counter increases since the poller started, summed over restarts of
@@ -136,8 +141,10 @@ type windowSample struct {
 
 type targetState struct {
 	stats    ReplicaStats
-	havePrev bool
+	havePrev [4]bool    // prev holds a value of that counter
 	prev     [4]float64 // queries, hits, prompt, generation
+	// missing is the set of figures last logged as absent.
+	missing  Figures
 	ring     []windowSample
 	ringNext int
 	ringLen  int
@@ -444,23 +451,40 @@ func (p *Poller) succeed(st *targetState, em *EngineMetrics, now time.Time) (res
 		s.BusySamples++
 	}
 
-	cur := [4]float64{em.PrefixQueries, em.PrefixHits, em.PromptTokens, em.GenerationTokens}
-	if st.havePrev {
-		for i := range cur {
-			if cur[i] < st.prev[i] {
-				reset = true
-			}
-		}
-		if reset {
-			s.Resets++
+	if missing := em.Present.Missing(); missing != st.missing {
+		// Once per replica and change, not every poll.
+		if missing != 0 {
+			p.log.Warn("vLLM replica does not export some series; they are shown as unknown",
+				zap.String("replica", s.ID), zap.String("missing", missing.String()))
 		} else {
-			s.QueriesSinceStart += cur[0] - st.prev[0]
-			s.HitsSinceStart += cur[1] - st.prev[1]
-			s.PromptTokensSinceStart += cur[2] - st.prev[2]
-			s.GenerationTokensSinceStart += cur[3] - st.prev[3]
+			p.log.Info("vLLM replica exports every series read", zap.String("replica", s.ID))
+		}
+		st.missing = missing
+	}
+
+	// A counter the poll did not find keeps its baseline and adds nothing.
+	cur := [4]float64{em.PrefixQueries, em.PrefixHits, em.PromptTokens, em.GenerationTokens}
+	var have [4]bool
+	for i, f := range [4]Figures{FigPrefixQueries, FigPrefixHits, FigPromptTokens, FigGenerationTokens} {
+		have[i] = em.Present.Has(f)
+		if have[i] && st.havePrev[i] && cur[i] < st.prev[i] {
+			reset = true
 		}
 	}
-	st.prev, st.havePrev = cur, true
+	if reset {
+		s.Resets++
+	}
+	since := [4]*float64{&s.QueriesSinceStart, &s.HitsSinceStart, &s.PromptTokensSinceStart, &s.GenerationTokensSinceStart}
+	for i := range cur {
+		if !have[i] {
+			continue
+		}
+		if st.havePrev[i] && !reset {
+			*since[i] += cur[i] - st.prev[i]
+		}
+		st.prev[i], st.havePrev[i] = cur[i], true
+	}
+	s.HitRateKnown = em.Present.Has(FigPrefix)
 	if s.QueriesSinceStart > 0 {
 		s.HitRateTotal = s.HitsSinceStart / s.QueriesSinceStart
 	}

@@ -10,6 +10,9 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // fakeVLLM serves a settable exposition and /v1/models on 127.0.0.1.
@@ -340,5 +343,56 @@ func TestSnapshotReadsDoNotAllocate(t *testing.T) {
 	})
 	if allocs != 0 {
 		t.Fatalf("%v allocations per read", allocs)
+	}
+}
+
+// TestPollerPrefixSeriesAbsent: the simulator's spelling (no _total) gives
+// hit rates; when the prefix series go the rate is unknown (not 0), the token
+// counters keep counting, the absence is logged once, and when they come back
+// the rate resumes from the counters' new values.
+func TestPollerPrefixSeriesAbsent(t *testing.T) {
+	sim := func(q, h, prompt float64, prefix bool) string {
+		s := fmt.Sprintf("vllm:num_requests_running{model_name=\"qwen3-4b\"} 1\nvllm:prompt_tokens_total{model_name=\"qwen3-4b\"} %g\n", prompt)
+		if prefix {
+			s += fmt.Sprintf("vllm:prefix_cache_hits{model_name=\"qwen3-4b\"} %g\nvllm:prefix_cache_queries{model_name=\"qwen3-4b\"} %g\n", h, q)
+		}
+		return s
+	}
+	core, logs := observer.New(zap.InfoLevel)
+	f := newFakeVLLM(t, sim(1000, 500, 1000, true))
+	p := NewPoller(PollerConfig{Targets: []Target{{ID: "r", BaseURL: f.srv.URL}}, Interval: time.Second, Window: time.Hour, Logger: zap.New(core)})
+	defer p.Stop()
+	steps := []struct {
+		q, h, prompt float64
+		prefix       bool
+		known        bool
+		total        float64
+		promptSince  float64
+	}{
+		{1000, 500, 1000, true, true, 0, 0},
+		{2000, 1300, 2000, true, true, 0.8, 1000},
+		{0, 0, 3000, false, false, 0, 2000},
+		{0, 0, 4000, false, false, 0, 3000},
+		{3000, 2300, 5000, true, true, 0.9, 4000}, // Δ from the last values read: 1000 q, 1000 h
+	}
+	for i, st := range steps {
+		f.set(200, sim(st.q, st.h, st.prompt, st.prefix))
+		p.round()
+		r := mustReplica(t, p, "r")
+		if r.HitRateKnown != st.known || r.PromptTokensSinceStart != st.promptSince || (st.known && r.HitRateTotal != st.total) || r.Resets != 0 {
+			t.Fatalf("step %d: known %v total %v prompt since %v resets %d; want %+v", i, r.HitRateKnown, r.HitRateTotal, r.PromptTokensSinceStart, r.Resets, st)
+		}
+		if !st.known && r.Metrics.Present.Has(FigPrefixHits) {
+			t.Fatalf("step %d: present %v", i, r.Metrics.Present)
+		}
+	}
+	warns := logs.FilterMessageSnippet("does not export").All()
+	// first poll: waiting, KV, cache config and generation tokens absent;
+	// then the prefix pair as well; then back to the first set.
+	if len(warns) != 3 {
+		t.Fatalf("%d warnings, want one per change: %v", len(warns), warns)
+	}
+	if got := warns[1].ContextMap()["missing"]; !strings.Contains(got.(string), "vllm:prefix_cache_hits_total") {
+		t.Fatalf("warning names %v", got)
 	}
 }

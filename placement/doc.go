@@ -78,6 +78,21 @@
 //
 // Each placement scans all replicas once: linear in their number.
 //
+// # Unknown figures
+//
+// An engine may not export every figure (Load.WaitingUnknown,
+// Load.KVUnknown). An unknown figure is no information, not a 0, so it can
+// never make a replica look emptier than it is:
+//
+//   - KV usage decides criterion 4 only between two replicas whose KV usage
+//     is known; otherwise the tie goes to rule 5 (round-robin).
+//   - The per-request pick compares waiting×4 + running only when both
+//     queues are known, and running alone otherwise.
+//   - With SpillWaiting, an unknown queue neither makes a replica spill its
+//     conversations nor qualifies it as a replica with an empty queue.
+//   - An unknown running count is left at 0 by the caller: running is then
+//     the router's own in-flight count, which it measures itself.
+//
 // # Overload
 //
 // When the conversations in flight hold more context than the replicas' KV

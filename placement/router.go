@@ -87,6 +87,14 @@ type Load struct {
 	KVUsage   float64   // KV cache in use, 0–1
 	Reachable bool      // the last poll succeeded; polled numbers are used only when true
 	Seen      time.Time // when these numbers were taken
+
+	// WaitingUnknown and KVUnknown say the engine did not export that
+	// figure (its field above is then meaningless). An unknown figure is no
+	// information, never a real 0: it does not rank a replica as emptier
+	// than one with a known figure (see the package doc, "Unknown figures").
+	// An unknown running count needs no flag: Running 0 leaves the router's
+	// own in-flight count, which is measured.
+	WaitingUnknown, KVUnknown bool
 }
 
 // Request describes one turn to route.
@@ -172,12 +180,18 @@ func (p *replica) waiting() int {
 	return 0
 }
 
+// waitingKnown reports whether waiting() is a polled figure.
+func (p *replica) waitingKnown() bool { return p.load.Reachable && !p.load.WaitingUnknown }
+
 func (p *replica) kv() float64 {
 	if p.load.Reachable {
 		return p.load.KVUsage
 	}
 	return 0
 }
+
+// kvKnown reports whether kv() is a polled figure.
+func (p *replica) kvKnown() bool { return p.load.Reachable && !p.load.KVUnknown }
 
 // Router places conversations on replicas. Create one with NewRouter.
 type Router struct {
@@ -474,9 +488,9 @@ func (r *Router) Route(req Request) (Decision, error) {
 		bound.stayed++
 		return r.stay(e, bound, now, ReasonStayedOverloaded), nil
 	}
-	if k := r.cfg.SpillWaiting; k > 0 && bound.waiting() >= k {
+	if k := r.cfg.SpillWaiting; k > 0 && bound.waitingKnown() && bound.waiting() >= k {
 		if p := r.bestWith(now, func(q *replica) bool {
-			return q != bound && q.waiting() == 0 && q.running() <= r.threshold
+			return q != bound && q.waitingKnown() && q.waiting() == 0 && q.running() <= r.threshold
 		}); p != nil {
 			return r.spill(e, bound, p, now), nil
 		}
@@ -522,7 +536,8 @@ func (r *Router) leastQueued() *replica {
 	r.rr++
 	start := int(r.rr % uint32(n))
 	var best *replica
-	var bScore int
+	var bRun, bWait int
+	var bKnown bool
 	var bIn int64
 	for k := 0; k < n; k++ {
 		j := start + k
@@ -533,10 +548,16 @@ func (r *Router) leastQueued() *replica {
 		if !r.usable(p) {
 			continue
 		}
-		score := p.waiting()*4 + p.running()
+		run, wait, known := p.running(), p.waiting(), p.waitingKnown()
 		in := p.inflight.Load()
+		// The queue counts only when both queues are known; otherwise
+		// running alone is compared.
+		score, bScore := run, bRun
+		if known && bKnown {
+			score, bScore = wait*4+run, bWait*4+bRun
+		}
 		if best == nil || score < bScore || (score == bScore && in < bIn) {
-			best, bScore, bIn = p, score, in
+			best, bRun, bWait, bKnown, bIn = p, run, wait, known, in
 		}
 	}
 	return best
@@ -561,7 +582,7 @@ func (r *Router) bestWith(now int64, ok func(*replica) bool) *replica {
 	start := int(r.rr % uint32(n))
 	cutoff := now - int64(r.cfg.ActiveWindow)
 	var best *replica
-	var bOver bool
+	var bOver, bKVKnown bool
 	var bRun, bAct int
 	var bKV float64
 	for k := 0; k < n; k++ {
@@ -576,31 +597,33 @@ func (r *Router) bestWith(now int64, ok func(*replica) bool) *replica {
 		run := p.running()
 		over := run > r.threshold
 		r.expireActive(p, cutoff)
-		act, kv := p.active, p.kv()
+		act, kv, kvKnown := p.active, p.kv(), p.kvKnown()
 		if best == nil {
-			best, bOver, bRun, bAct, bKV = p, over, run, act, kv
+			best, bOver, bRun, bAct, bKV, bKVKnown = p, over, run, act, kv, kvKnown
 			continue
 		}
 		if over != bOver {
 			if !over {
-				best, bOver, bRun, bAct, bKV = p, over, run, act, kv
+				best, bOver, bRun, bAct, bKV, bKVKnown = p, over, run, act, kv, kvKnown
 			}
 			continue
 		}
 		if run != bRun {
 			if run < bRun {
-				best, bOver, bRun, bAct, bKV = p, over, run, act, kv
+				best, bOver, bRun, bAct, bKV, bKVKnown = p, over, run, act, kv, kvKnown
 			}
 			continue
 		}
 		if act != bAct {
 			if act < bAct {
-				best, bOver, bRun, bAct, bKV = p, over, run, act, kv
+				best, bOver, bRun, bAct, bKV, bKVKnown = p, over, run, act, kv, kvKnown
 			}
 			continue
 		}
-		if kv < bKV {
-			best, bOver, bRun, bAct, bKV = p, over, run, act, kv
+		// KV decides only between two known figures: an unknown one is no
+		// information, so the tie stays with the rotation order.
+		if kvKnown && bKVKnown && kv < bKV {
+			best, bOver, bRun, bAct, bKV, bKVKnown = p, over, run, act, kv, kvKnown
 		}
 	}
 	return best

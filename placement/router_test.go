@@ -225,6 +225,17 @@ func TestRouteRules(t *testing.T) {
 			req: Request{Key: "k"}, want: "r1", reason: ReasonPlaced, wantBound: "r1",
 		},
 		{
+			// KV usage the engine did not export reads 0 but must not win.
+			name: "new key: unknown KV usage does not look empty",
+			n:    3,
+			setup: func(t *testing.T, r *Router) {
+				r.UpdateLoad("r0", Load{Reachable: true, KVUnknown: true})
+				r.UpdateLoad("r1", Load{KVUsage: 0.5, Reachable: true})
+				r.UpdateLoad("r2", Load{KVUsage: 0.3, Reachable: true})
+			},
+			req: Request{Key: "k"}, want: "r2", reason: ReasonPlaced, wantBound: "r2",
+		},
+		{
 			name: "new key with parent: parent's replica under the threshold",
 			n:    3, cfg: Config{SpillThreshold: 4},
 			setup: func(t *testing.T, r *Router) {
@@ -662,6 +673,11 @@ func TestSpillWaiting(t *testing.T) {
 		{name: "empty queue but over the threshold: stays", k: 1, loads: []func(*Router){queue("r0", 3, 4), queue("r1", 9, 0), queue("r2", 9, 0)}, want: "r0", reason: ReasonSticky},
 		{name: "unreachable replica's queue is not trusted", k: 1, loads: []func(*Router){func(r *Router) { r.UpdateLoad("r0", Load{Running: 3, Waiting: 4}) }}, want: "r0", reason: ReasonSticky},
 		{name: "negative means off", k: -1, loads: []func(*Router){queue("r0", 3, 5)}, want: "r0", reason: ReasonSticky},
+		// An engine that does not export its queue: no information, not an empty queue.
+		{name: "unknown queue is not an empty one", k: 2, loads: []func(*Router){queue("r0", 3, 2), queue("r1", 3, 1),
+			func(r *Router) { r.UpdateLoad("r2", Load{Running: 1, Reachable: true, WaitingUnknown: true}) }}, want: "r0", reason: ReasonSticky},
+		{name: "unknown own queue does not spill", k: 1, loads: []func(*Router){queue("r1", 1, 0), queue("r2", 1, 0),
+			func(r *Router) { r.UpdateLoad("r0", Load{Running: 3, Waiting: 4, Reachable: true, WaitingUnknown: true}) }}, want: "r0", reason: ReasonSticky},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

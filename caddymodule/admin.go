@@ -235,25 +235,27 @@ type Card struct {
 
 // ReplicaRow is one replica's row of the card.
 type ReplicaRow struct {
-	ID                 string     `json:"id"`
-	Available          bool       `json:"available"`
-	Reachable          bool       `json:"reachable"`
-	LastError          string     `json:"last_error"`
-	LastSeen           *time.Time `json:"last_seen"`
-	Held               int        `json:"held"`
-	Sticky             uint64     `json:"sticky"`
-	StayedOverloaded   uint64     `json:"stayed_overloaded"`
-	Placed             uint64     `json:"placed"`
-	SpillAccepted      uint64     `json:"spill_accepted"`
-	ClientPinned       uint64     `json:"client_pinned"`
-	Replaced           uint64     `json:"re_placed"`
-	AffinityOff        uint64     `json:"affinity_off"`
-	NoKey              uint64     `json:"no_key"`
-	Running            int        `json:"running"`
-	Waiting            int        `json:"waiting"`
-	KVUsage            float64    `json:"kv_usage"`
-	PrefixHitRate      float64    `json:"prefix_hit_rate"`
-	PrefixHitRateTotal float64    `json:"prefix_hit_rate_total"`
+	ID               string     `json:"id"`
+	Available        bool       `json:"available"`
+	Reachable        bool       `json:"reachable"`
+	LastError        string     `json:"last_error"`
+	LastSeen         *time.Time `json:"last_seen"`
+	Held             int        `json:"held"`
+	Sticky           uint64     `json:"sticky"`
+	StayedOverloaded uint64     `json:"stayed_overloaded"`
+	Placed           uint64     `json:"placed"`
+	SpillAccepted    uint64     `json:"spill_accepted"`
+	ClientPinned     uint64     `json:"client_pinned"`
+	Replaced         uint64     `json:"re_placed"`
+	AffinityOff      uint64     `json:"affinity_off"`
+	NoKey            uint64     `json:"no_key"`
+	// The engine's own figures: null when it has not exported them (or has
+	// not been polled yet), which is unknown, not 0.
+	Running            *int       `json:"running"`
+	Waiting            *int       `json:"waiting"`
+	KVUsage            *float64   `json:"kv_usage"`
+	PrefixHitRate      *float64   `json:"prefix_hit_rate"`
+	PrefixHitRateTotal *float64   `json:"prefix_hit_rate_total"`
 	Bindings           int        `json:"bindings"`
 	Active             int        `json:"active"`
 	Tokens             TokenCount `json:"tokens"`
@@ -266,6 +268,8 @@ type TokenCount struct {
 	Computed  uint64 `json:"computed"`
 	Generated uint64 `json:"generated"`
 }
+
+func optional[T any](v T) *T { return &v }
 
 func buildCard(m *modelState, now time.Time) Card {
 	s := m.router.Snapshot()
@@ -291,11 +295,20 @@ func buildCard(m *modelState, now time.Time) Card {
 				t := st.LastSeen.UTC()
 				row.LastSeen = &t
 			}
-			row.Running = int(st.Metrics.Running)
-			row.Waiting = int(st.Metrics.Waiting)
-			row.KVUsage = st.Metrics.KVUsage
-			row.PrefixHitRate = st.HitRateWindow
-			row.PrefixHitRateTotal = st.HitRateTotal
+			present := st.Metrics.Present
+			if present.Has(vllmstats.FigRunning) {
+				row.Running = optional(int(st.Metrics.Running))
+			}
+			if present.Has(vllmstats.FigWaiting) {
+				row.Waiting = optional(int(st.Metrics.Waiting))
+			}
+			if present.Has(vllmstats.FigKVUsage) {
+				row.KVUsage = optional(st.Metrics.KVUsage)
+			}
+			if st.HitRateKnown {
+				row.PrefixHitRate = optional(st.HitRateWindow)
+				row.PrefixHitRateTotal = optional(st.HitRateTotal)
+			}
 		}
 		if t, ok := totals[r.ID]; ok {
 			row.Tokens = TokenCount{Cached: t.Cached, Computed: t.Computed, Generated: t.Generated}

@@ -158,6 +158,25 @@ func browserExpectCard(t *testing.T, got browserCard, want Card) {
 	t.Helper()
 	fnum := func(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }
 	pctText := func(f float64) string { return humanize.FormatFloat("#,###.#", f*100) + "%" }
+	// An unknown figure is null in the JSON and "unknown" on the card.
+	optNum := func(f *float64) string {
+		if f == nil {
+			return "null"
+		}
+		return fnum(*f)
+	}
+	optPct := func(f *float64) string {
+		if f == nil {
+			return "unknown"
+		}
+		return pctText(*f)
+	}
+	optInt := func(n *int) (raw, text string) {
+		if n == nil {
+			return "null", "unknown"
+		}
+		return strconv.Itoa(*n), humanize.Comma(int64(*n))
+	}
 	check := func(what string, c browserCell, v, text string) {
 		t.Helper()
 		if c.V != v || c.T != text {
@@ -198,10 +217,11 @@ func browserExpectCard(t *testing.T, got browserCard, want Card) {
 		check(w.ID+" sticky", c["sticky"], strconv.FormatUint(w.Sticky, 10), humanize.Comma(int64(w.Sticky)))
 		check(w.ID+" spill-accepted", c["spill_accepted"], strconv.FormatUint(w.SpillAccepted, 10), humanize.Comma(int64(w.SpillAccepted)))
 		check(w.ID+" client-pinned", c["client_pinned"], strconv.FormatUint(w.ClientPinned, 10), humanize.Comma(int64(w.ClientPinned)))
-		check(w.ID+" running/waiting", c["run_wait"], "["+strconv.Itoa(w.Running)+","+strconv.Itoa(w.Waiting)+"]",
-			humanize.Comma(int64(w.Running))+" / "+humanize.Comma(int64(w.Waiting)))
-		check(w.ID+" KV", c["kv"], fnum(w.KVUsage), pctText(w.KVUsage))
-		check(w.ID+" prefix hit rate", c["hit"], fnum(w.PrefixHitRate), pctText(w.PrefixHitRate))
+		runRaw, runText := optInt(w.Running)
+		waitRaw, waitText := optInt(w.Waiting)
+		check(w.ID+" running/waiting", c["run_wait"], "["+runRaw+","+waitRaw+"]", runText+" / "+waitText)
+		check(w.ID+" KV", c["kv"], optNum(w.KVUsage), optPct(w.KVUsage))
+		check(w.ID+" prefix hit rate", c["hit"], optNum(w.PrefixHitRate), optPct(w.PrefixHitRate))
 		check(w.ID+" bindings", c["bindings"], strconv.Itoa(w.Bindings), fmt.Sprintf("%d (%d active)", w.Bindings, w.Active))
 		if w.Reachable {
 			check(w.ID+" status", c["state"], "reachable", map[bool]string{true: "reachable", false: "reachable, marked unavailable by the proxy"}[w.Available])
@@ -468,7 +488,7 @@ func browserStableCard(t *testing.T, url string, settle time.Duration) Card {
 		browserGetAdmin(t, url, &cur)
 		idle := cur.InFlight == 0
 		for _, r := range cur.Replicas {
-			idle = idle && r.Running == 0 && r.Waiting == 0 && r.Reachable
+			idle = idle && r.Running != nil && *r.Running == 0 && r.Waiting != nil && *r.Waiting == 0 && r.Reachable
 		}
 		if idle && key(cur) == key(prev) {
 			return cur

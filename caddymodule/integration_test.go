@@ -229,7 +229,7 @@ func TestConversationsStayOnTheirReplica(t *testing.T) {
 		c := getCard(t, "stay")
 		for i, f := range fs {
 			r := cardRow(c, f.addr)
-			if !r.Reachable || r.Running != i || r.Waiting != 2*i {
+			if !r.Reachable || r.Running == nil || *r.Running != i || r.Waiting == nil || *r.Waiting != 2*i {
 				return false
 			}
 		}
@@ -345,13 +345,13 @@ func TestSpillOverThresholdAndRebind(t *testing.T) {
 		}
 	}
 	hot.setLoad(0, 5, 0)
-	waitFor(t, "the hot replica's load", func() bool { return cardRow(getCard(t, "spill"), hot.addr).Running == 5 })
+	waitFor(t, "the hot replica's load", func() bool { r := cardRow(getCard(t, "spill"), hot.addr).Running; return r != nil && *r == 5 })
 	second := sendTurn(t, "/v1/messages", chatTurn("s", 2, false), h)
 	if second.reason != "spilled" || second.replica != cold.addr {
 		t.Fatalf("over the threshold: %s; %s, want %s; spilled", second.replica, second.reason, cold.addr)
 	}
 	hot.setLoad(0, 0, 0)
-	waitFor(t, "the load to drop", func() bool { return cardRow(getCard(t, "spill"), hot.addr).Running == 0 })
+	waitFor(t, "the load to drop", func() bool { r := cardRow(getCard(t, "spill"), hot.addr).Running; return r != nil && *r == 0 })
 	third := sendTurn(t, "/v1/messages", chatTurn("s", 3, false), h)
 	if third.reason != "sticky" || third.replica != cold.addr {
 		t.Fatalf("after the spill: %s; %s, want %s; sticky (re-bound)", third.replica, third.reason, cold.addr)
@@ -507,7 +507,7 @@ func TestDataParallelRank(t *testing.T) {
 	f.setLoad(2, 3, 1)
 	waitFor(t, "engine 2's load on the card", func() bool {
 		r := cardRow(getCard(t, "dp"), f.addr+"#2")
-		return r.Running == 3 && r.Waiting == 1
+		return r.Running != nil && *r.Running == 3 && r.Waiting != nil && *r.Waiting == 1
 	})
 	c := getCard(t, "dp")
 	if len(c.Replicas) != 4 {

@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/lmwarden/caddy-lmwarden/vllmstats"
 )
 
 // collector exposes every live model's counters at scrape time, read from
@@ -104,10 +106,19 @@ func (collector) Collect(ch chan<- prometheus.Metric) {
 		ps := m.pollerSnapshot()
 		for i := range ps.Replicas {
 			r := &ps.Replicas[i]
-			gauge(descRunning, r.Metrics.Running, m.name, r.ID)
-			gauge(descWaiting, r.Metrics.Waiting, m.name, r.ID)
-			gauge(descKV, r.Metrics.KVUsage, m.name, r.ID)
-			gauge(descHit, r.HitRateWindow, m.name, r.ID)
+			// A figure the engine did not export gets no sample, not a 0.
+			if r.Metrics.Present.Has(vllmstats.FigRunning) {
+				gauge(descRunning, r.Metrics.Running, m.name, r.ID)
+			}
+			if r.Metrics.Present.Has(vllmstats.FigWaiting) {
+				gauge(descWaiting, r.Metrics.Waiting, m.name, r.ID)
+			}
+			if r.Metrics.Present.Has(vllmstats.FigKVUsage) {
+				gauge(descKV, r.Metrics.KVUsage, m.name, r.ID)
+			}
+			if r.HitRateKnown {
+				gauge(descHit, r.HitRateWindow, m.name, r.ID)
+			}
 			reach := 0.0
 			if r.Reachable {
 				reach = 1

@@ -222,6 +222,9 @@ func (m *modelState) onSnapshot(s *vllmstats.Snapshot) {
 			KVUsage:   rs.Metrics.KVUsage,
 			Reachable: rs.Reachable,
 			Seen:      rs.LastSeen,
+			// Before the first good poll nothing is known either.
+			WaitingUnknown: !rs.Metrics.Present.Has(vllmstats.FigWaiting),
+			KVUnknown:      !rs.Metrics.Present.Has(vllmstats.FigKVUsage),
 		})
 		if rs.LastError != "" && rs.Failures > 0 {
 			failed = append(failed, rs.ID)

@@ -410,6 +410,25 @@ func uiPct(f float64) uiVal {
 	return uiVal{V: f, T: humanize.FormatFloat("#,###.#", f*100) + "%"}
 }
 
+// uiUnknown is shown for a figure the engine did not export.
+const uiUnknown = "unknown"
+
+// uiOptPct renders a fraction as a percentage, or unknown (value null) when nil.
+func uiOptPct(f *float64) uiVal {
+	if f == nil {
+		return uiVal{V: nil, T: uiUnknown}
+	}
+	return uiPct(*f)
+}
+
+// uiOptCount renders a count with thousands separators, or unknown when nil.
+func uiOptCount(n *int) string {
+	if n == nil {
+		return uiUnknown
+	}
+	return humanize.Comma(int64(*n))
+}
+
 // uiTokenCount renders a token count with an SI prefix: 1.2 k, 3.4 M.
 func uiTokenCount(n uint64) uiVal {
 	if n < 10000 {
@@ -500,12 +519,11 @@ func buildCardView(doc Card, now time.Time) uiCardView {
 				"sticky":         uiCount(r.Sticky),
 				"spill_accepted": uiCount(r.SpillAccepted),
 				"client_pinned":  uiCount(r.ClientPinned),
-				"run_wait": {V: []int{r.Running, r.Waiting},
-					T: humanize.Comma(int64(r.Running)) + " / " + humanize.Comma(int64(r.Waiting))},
-				"kv":       uiPct(r.KVUsage),
-				"hit":      uiPct(r.PrefixHitRate),
-				"bindings": {V: r.Bindings, T: humanize.Comma(int64(r.Bindings)) + " (" + humanize.Comma(int64(r.Active)) + " active)"},
-				"state":    state,
+				"run_wait":       {V: []*int{r.Running, r.Waiting}, T: uiOptCount(r.Running) + " / " + uiOptCount(r.Waiting)},
+				"kv":             uiOptPct(r.KVUsage),
+				"hit":            uiOptPct(r.PrefixHitRate),
+				"bindings":       {V: r.Bindings, T: humanize.Comma(int64(r.Bindings)) + " (" + humanize.Comma(int64(r.Active)) + " active)"},
+				"state":          state,
 			},
 		})
 	}

@@ -46,8 +46,8 @@ func newUIFixture(now time.Time) *uiFixture {
 		f.card.Replicas = append(f.card.Replicas, ReplicaRow{
 			ID: id, Available: true, Reachable: true, LastSeen: &now, Held: i % 2,
 			Sticky: sticky[i], Placed: 4, SpillAccepted: uint64(i), ClientPinned: 0,
-			Running: i % 2, Waiting: 0, KVUsage: 0.41 + float64(i)/10,
-			PrefixHitRate: hits[i], PrefixHitRateTotal: hits[i] - 0.02, Bindings: 3, Active: 2,
+			Running: ptr(i % 2), Waiting: ptr(0), KVUsage: ptr(0.41 + float64(i)/10),
+			PrefixHitRate: ptr(hits[i]), PrefixHitRateTotal: ptr(hits[i] - 0.02), Bindings: 3, Active: 2,
 			Tokens: TokenCount{Cached: 123, Computed: 45, Generated: 67},
 		})
 		s := Series{Cached: make([]uint64, 3600), Computed: make([]uint64, 3600), Generated: make([]uint64, 3600)}
@@ -355,7 +355,7 @@ func TestUICardView(t *testing.T) {
 				c.Replicas[1].LastError = "dial tcp 127.0.0.1:8002: connection refused"
 				seen := now.Add(-90 * time.Second)
 				c.Replicas[1].LastSeen = &seen
-				c.Replicas[1].Running, c.Replicas[1].Waiting = 12, 3
+				c.Replicas[1].Running, c.Replicas[1].Waiting = ptr(12), ptr(3)
 			},
 			head: map[string]string{"affinity": "off", "spill": "4", "sticky": "97.5%"},
 			row:  1,

@@ -677,7 +677,9 @@ func TestSpillWaiting(t *testing.T) {
 		{name: "unknown queue is not an empty one", k: 2, loads: []func(*Router){queue("r0", 3, 2), queue("r1", 3, 1),
 			func(r *Router) { r.UpdateLoad("r2", Load{Running: 1, Reachable: true, WaitingUnknown: true}) }}, want: "r0", reason: ReasonSticky},
 		{name: "unknown own queue does not spill", k: 1, loads: []func(*Router){queue("r1", 1, 0), queue("r2", 1, 0),
-			func(r *Router) { r.UpdateLoad("r0", Load{Running: 3, Waiting: 4, Reachable: true, WaitingUnknown: true}) }}, want: "r0", reason: ReasonSticky},
+			func(r *Router) {
+				r.UpdateLoad("r0", Load{Running: 3, Waiting: 4, Reachable: true, WaitingUnknown: true})
+			}}, want: "r0", reason: ReasonSticky},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -24,8 +24,11 @@ type TurnRecord struct {
 // ReplicaCounters are one replica's numbers at one poll.
 type ReplicaCounters struct {
 	Running float64
-	Hits    float64 // prefix_cache_hits_total
-	Queries float64 // prefix_cache_queries_total
+	Hits    float64 // prefix_cache_hits(_total)
+	Queries float64 // prefix_cache_queries(_total)
+	// PrefixUnknown is true when the replica did not export both prefix
+	// counters: Hits and Queries are then meaningless.
+	PrefixUnknown bool
 }
 
 // Poll is one round of reading every reachable replica's counters. A replica
@@ -58,9 +61,12 @@ type Stage struct {
 	TTFBP95S           float64 `json:"ttfb_p95_s"`
 	ReplicasBusy       float64 `json:"replicas_busy"`
 	PrefixHitPct       float64 `json:"prefix_hit_pct"`
-	StayedPct          float64 `json:"stayed_pct"`
-	Requests           int     `json:"requests"`
-	Errors             int     `json:"errors"`
+	// PrefixHitUnknown is true when no replica read in the stage exported
+	// its prefix counters: PrefixHitPct is then unknown, not 0.
+	PrefixHitUnknown bool    `json:"prefix_hit_unknown,omitempty"`
+	StayedPct        float64 `json:"stayed_pct"`
+	Requests         int     `json:"requests"`
+	Errors           int     `json:"errors"`
 }
 
 // Measure computes a stage's numbers from the turns and polls of a run,
@@ -118,7 +124,9 @@ func Measure(turns []TurnRecord, polls []Poll, w Window) Stage {
 		st.StayedPct = 100 * float64(stayedN) / float64(stayedOf)
 	}
 	st.ReplicasBusy = ReplicasBusy(polls, w)
-	st.PrefixHitPct = PrefixHitPct(polls, w)
+	var hitKnown bool
+	st.PrefixHitPct, hitKnown = PrefixHitPct(polls, w)
+	st.PrefixHitUnknown = !hitKnown
 	return st
 }
 
@@ -156,9 +164,12 @@ func ReplicasBusy(polls []Poll, w Window) float64 {
 
 // PrefixHitPct is 100 × Δhits / Δqueries summed over replicas across the
 // polls inside w (the last poll before w included as the baseline). A
-// counter that drops has been reset: its new value is the delta.
-func PrefixHitPct(polls []Poll, w Window) float64 {
+// counter that drops has been reset: its new value is the delta. Replicas
+// without prefix counters (ReplicaCounters.PrefixUnknown) add nothing; known
+// is false when replicas were read in w but none of them had the counters.
+func PrefixHitPct(polls []Poll, w Window) (pct float64, known bool) {
 	var hits, queries float64
+	var read, withCounters bool
 	last := map[string]ReplicaCounters{}
 	for _, p := range polls {
 		if p.At >= w.To {
@@ -166,8 +177,10 @@ func PrefixHitPct(polls []Poll, w Window) float64 {
 		}
 		if p.At >= w.From {
 			for id, c := range p.Replicas {
+				read = true
+				withCounters = withCounters || !c.PrefixUnknown
 				prev, ok := last[id]
-				if !ok {
+				if !ok || prev.PrefixUnknown || c.PrefixUnknown {
 					continue
 				}
 				hits += counterDelta(prev.Hits, c.Hits)
@@ -178,10 +191,13 @@ func PrefixHitPct(polls []Poll, w Window) float64 {
 			last[id] = c
 		}
 	}
-	if queries <= 0 {
-		return 0
+	if read && !withCounters {
+		return 0, false
 	}
-	return 100 * hits / queries
+	if queries <= 0 {
+		return 0, true
+	}
+	return 100 * hits / queries, true
 }
 
 func counterDelta(prev, cur float64) float64 {

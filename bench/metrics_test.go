@@ -2,6 +2,7 @@ package bench
 
 import (
 	"math"
+	"strings"
 	"testing"
 	"time"
 )
@@ -102,11 +103,39 @@ func TestPrefixHitPct(t *testing.T) {
 	// a: 100/200 + 200/200 ; b: 50/100 + 30/40 + 10/20 ; c: 0 (first sight).
 	hits := 100.0 + 200 + 50 + 30 + 10
 	queries := 200.0 + 200 + 100 + 40 + 20
-	got := PrefixHitPct(polls, Window{From: 10 * sec, To: 20 * sec})
-	if !near(got, 100*hits/queries) {
-		t.Errorf("prefix hits %g%%, want %g%%", got, 100*hits/queries)
+	got, known := PrefixHitPct(polls, Window{From: 10 * sec, To: 20 * sec})
+	if !near(got, 100*hits/queries) || !known {
+		t.Errorf("prefix hits %g%% (known %v), want %g%%", got, known, 100*hits/queries)
 	}
-	if PrefixHitPct(polls[:1], Window{From: 0, To: 10 * sec}) != 0 {
+	if got, known := PrefixHitPct(polls[:1], Window{From: 0, To: 10 * sec}); got != 0 || !known {
 		t.Error("a single poll has no delta")
+	}
+}
+
+// TestPrefixHitPctUnknown: replicas that do not export the prefix counters
+// add nothing; when none of them does, the figure is unknown, not 0 %.
+func TestPrefixHitPctUnknown(t *testing.T) {
+	none := ReplicaCounters{Running: 1, PrefixUnknown: true}
+	polls := []Poll{
+		{At: 5 * sec, Replicas: map[string]ReplicaCounters{"a": none, "b": {Hits: 0, Queries: 0}}},
+		{At: 12 * sec, Replicas: map[string]ReplicaCounters{"a": none, "b": {Hits: 80, Queries: 100}}},
+		// b loses its counters: no delta from or to a poll without them
+		{At: 14 * sec, Replicas: map[string]ReplicaCounters{"a": none, "b": none}},
+		{At: 16 * sec, Replicas: map[string]ReplicaCounters{"a": none, "b": {Hits: 500, Queries: 500}}},
+	}
+	if got, known := PrefixHitPct(polls, Window{From: 10 * sec, To: 20 * sec}); got != 80 || !known {
+		t.Errorf("with b: %g%% known %v, want 80", got, known)
+	}
+	onlyA := []Poll{{At: 5 * sec, Replicas: map[string]ReplicaCounters{"a": none}}, {At: 12 * sec, Replicas: map[string]ReplicaCounters{"a": none}}}
+	if got, known := PrefixHitPct(onlyA, Window{From: 10 * sec, To: 20 * sec}); known || got != 0 {
+		t.Errorf("no counters anywhere: %g%% known %v, want unknown", got, known)
+	}
+	rep := Report{Stages: []Stage{{Sessions: 4, Mode: ModeOff, PrefixHitUnknown: true}, {Sessions: 4, Mode: ModeOn, PrefixHitPct: 80}}}
+	var b strings.Builder
+	if err := rep.WriteTable(&b); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "| unknown → 80.0 |") {
+		t.Errorf("report table does not show the unknown figure:\n%s", b.String())
 	}
 }

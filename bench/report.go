@@ -102,7 +102,7 @@ func (r *Report) WriteTable(w io.Writer) error {
 				fsec(off.TTFBP50S), fsec(on.TTFBP50S),
 				fsec(off.TTFBP95S), fsec(on.TTFBP95S),
 				fnum(off.ReplicasBusy, 2), fnum(on.ReplicasBusy, 2),
-				fnum(off.PrefixHitPct, 1), fnum(on.PrefixHitPct, 1),
+				fhit(off), fhit(on),
 				fnum(off.StayedPct, 1), fnum(on.StayedPct, 1),
 				freq(off), freq(on))
 		}
@@ -121,7 +121,7 @@ func (r *Report) WriteTable(w io.Writer) error {
 				}
 				fmt.Fprintf(&b, "| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", n, s.Mode, s.Policy,
 					fnum(s.SessionsPerHour, 0), fnum(s.OutputTokensPerMin, 0), fsec(s.TTFBP50S), fsec(s.TTFBP95S),
-					fnum(s.ReplicasBusy, 2), fnum(s.PrefixHitPct, 1), fnum(s.StayedPct, 1), freq(s))
+					fnum(s.ReplicasBusy, 2), fhit(s), fnum(s.StayedPct, 1), freq(s))
 			}
 		}
 	}
@@ -134,6 +134,15 @@ func fnum(v float64, decimals int) string {
 		return humanize.Comma(int64(v + 0.5))
 	}
 	return humanize.CommafWithDigits(v, decimals)
+}
+
+// fhit renders a stage's prefix hit percentage, "unknown" when the replicas
+// did not export the prefix counters.
+func fhit(s Stage) string {
+	if s.PrefixHitUnknown {
+		return "unknown"
+	}
+	return fnum(s.PrefixHitPct, 1)
 }
 
 func fsec(v float64) string {

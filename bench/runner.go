@@ -173,7 +173,7 @@ func (r *httpRun) stage(ctx context.Context, mode string, n int) Stage {
 	}
 	if r.cfg.Progress != nil {
 		fmt.Fprintf(r.cfg.Progress, "\r%-22s done: %d requests, %d errors, %s tok/min, TTFB p50 %ss p95 %ss, prefix hits %s%%, stayed %s%%\n",
-			label, st.Requests, st.Errors, fnum(st.OutputTokensPerMin, 0), fsec(st.TTFBP50S), fsec(st.TTFBP95S), fnum(st.PrefixHitPct, 1), fnum(st.StayedPct, 1))
+			label, st.Requests, st.Errors, fnum(st.OutputTokensPerMin, 0), fsec(st.TTFBP50S), fsec(st.TTFBP95S), fhit(st), fnum(st.StayedPct, 1))
 	}
 	return st
 }
@@ -289,7 +289,8 @@ func (r *httpRun) pollOnce(ctx context.Context) Poll {
 			if len(ms) > 1 {
 				id = u + "#" + eng
 			}
-			p.Replicas[id] = ReplicaCounters{Running: m.Running, Hits: m.PrefixHits, Queries: m.PrefixQueries}
+			p.Replicas[id] = ReplicaCounters{Running: m.Running, Hits: m.PrefixHits, Queries: m.PrefixQueries,
+				PrefixUnknown: !m.Present.Has(vllmstats.FigPrefix)}
 		}
 	}
 	p.At = r.engineNow()

@@ -6,7 +6,10 @@
 //   - ParseMetrics and Poller read vLLM's Prometheus exposition (GET /metrics)
 //     and GET /v1/models, per replica (one server, or one data-parallel engine
 //     of a server), and publish an immutable Snapshot that readers on the
-//     request path load without locking or allocating.
+//     request path load without locking or allocating. Counters are read
+//     with or without the _total suffix; a figure the engine does not export
+//     is reported absent (EngineMetrics.Present, ReplicaStats.HitRateKnown),
+//     never as 0.
 //   - UsageParser reads the token usage of one response (OpenAI chat/completions
 //     and completions, Anthropic messages; JSON bodies and SSE streams) from the
 //     bytes as they pass through a proxy, in constant memory.

@@ -38,9 +38,17 @@ type HTTPConfig struct {
 	// Drain bounds the wall time waited after a stage for the replicas to
 	// finish aborted work (default 30 s).
 	Drain time.Duration
-	// Progress receives a live progress line (nil: none).
-	Progress io.Writer
+	// Progress receives the stages' progress (nil: none): with LiveProgress
+	// (a terminal) one line rewritten in place every second, otherwise a
+	// plain line every PlainProgressEvery of wall time, so a log or a pipe
+	// holds readable lines.
+	Progress     io.Writer
+	LiveProgress bool
 }
+
+// PlainProgressEvery is how often a stage's progress is written as a plain
+// line when HTTPConfig.LiveProgress is off.
+const PlainProgressEvery = 15 * time.Second
 
 type httpRun struct {
 	cfg   HTTPConfig
@@ -52,6 +60,8 @@ type httpRun struct {
 	mu    sync.Mutex
 	polls []Poll
 	turns []TurnRecord
+
+	lastPlain time.Time // when the last plain progress line was written
 }
 
 // RunHTTP runs every stage under every mode against the configured base
@@ -172,8 +182,15 @@ func (r *httpRun) stage(ctx context.Context, mode string, n int) Stage {
 		st.Policy = r.cfg.Policy(mode)
 	}
 	if r.cfg.Progress != nil {
-		fmt.Fprintf(r.cfg.Progress, "\r%-22s done: %d requests, %d errors, %s tok/min, TTFB p50 %ss p95 %ss, prefix hits %s%%, stayed %s%%\n",
-			label, st.Requests, st.Errors, fnum(st.OutputTokensPerMin, 0), fsec(st.TTFBP50S), fsec(st.TTFBP95S), fhit(st), fnum(st.StayedPct, 1))
+		lead, hits := "", fhit(st)
+		if !st.PrefixHitUnknown {
+			hits += "%"
+		}
+		if r.cfg.LiveProgress {
+			lead = "\r"
+		}
+		fmt.Fprintf(r.cfg.Progress, "%s%-22s done: %d requests, %d errors, %s tok/min, TTFB p50 %ss p95 %ss, prefix hits %s, stayed %s%%\n",
+			lead, label, st.Requests, st.Errors, fnum(st.OutputTokensPerMin, 0), fsec(st.TTFBP50S), fsec(st.TTFBP95S), hits, fnum(st.StayedPct, 1))
 	}
 	return st
 }
@@ -235,6 +252,13 @@ func (r *httpRun) progress(label string, start time.Duration, w Window, first in
 	if r.cfg.Progress == nil {
 		return
 	}
+	if !r.cfg.LiveProgress {
+		if now := time.Now(); now.Sub(r.lastPlain) >= PlainProgressEvery {
+			r.lastPlain = now
+		} else {
+			return
+		}
+	}
 	now := r.engineNow()
 	r.mu.Lock()
 	var reqs, errs int
@@ -256,8 +280,12 @@ func (r *httpRun) progress(label string, start time.Duration, w Window, first in
 	if now < w.From {
 		phase = "warm-up"
 	}
-	fmt.Fprintf(r.cfg.Progress, "\r%-22s %-9s %4.0fs/%.0fs  requests %d  errors %d  TTFB p50 %ss ",
-		label, phase, (now - start).Seconds(), (w.To - start).Seconds(), reqs, errs, fsec(Percentile(ttfb, 0.5)))
+	lead, end := "\r", " "
+	if !r.cfg.LiveProgress {
+		lead, end = "", "\n"
+	}
+	fmt.Fprintf(r.cfg.Progress, "%s%-22s %-9s %4.0fs/%.0fs  requests %d  errors %d  TTFB p50 %ss%s",
+		lead, label, phase, (now - start).Seconds(), (w.To - start).Seconds(), reqs, errs, fsec(Percentile(ttfb, 0.5)), end)
 }
 
 func (r *httpRun) pollLoop(ctx context.Context) {

@@ -21,5 +21,6 @@
 // in a package-level caddy.UsagePool, so `caddy reload` keeps bindings and
 // counters; the lm_warden app starts the pollers, and the last configuration
 // that drops a model stops its poller. The admin API (admin.api.lm_warden)
-// and the metrics collector reach the live models through a registry.
+// and the metrics collector reach the live models by ranging over that pool,
+// as reverse_proxy's admin API ranges over its hosts.
 package caddymodule

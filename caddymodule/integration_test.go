@@ -824,7 +824,6 @@ func TestCaddyfileExampleAdaptsAndValidates(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Setenv("LM_WARDEN_TOKEN", "secret")
 	adapter := caddyconfig.GetAdapter("caddyfile")
 	cfgJSON, warnings, err := adapter.Adapt(raw, map[string]any{"filename": "Caddyfile.example"})
 	if err != nil {
@@ -844,6 +843,69 @@ func TestCaddyfileExampleAdaptsAndValidates(t *testing.T) {
 	}
 	if err := caddy.Validate(&cfg); err != nil {
 		t.Fatalf("validating: %v", err)
+	}
+}
+
+// TestCaddyfileExampleTokenCheck loads the example's token_auth snippet in
+// front of a plain response: without LM_WARDEN_TOKEN the configuration
+// loads and every request is refused with a message naming the variable
+// (an empty token is never accepted); with it, only the token passes.
+func TestCaddyfileExampleTokenCheck(t *testing.T) {
+	raw, err := os.ReadFile("../Caddyfile.example")
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := strings.Index(string(raw), "(token_auth) {")
+	end := strings.Index(string(raw[start:]), "\n}\n")
+	if start < 0 || end < 0 {
+		t.Fatal("Caddyfile.example has no token_auth snippet")
+	}
+	snippet := string(raw[start : start+end+3])
+
+	admin, port := robustAdminPort(t), freeLoopbackPort(t)
+	cfg := robustConfig(admin, port, "\timport token_auth\n\trespond \"through\" 200")
+	cfg = strings.Replace(cfg, "\nhttp://", "\n"+snippet+"\nhttp://", 1)
+	url := fmt.Sprintf("http://127.0.0.1:%d/v1/messages", port)
+	get := func(header, value string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, url, nil)
+		if header != "" {
+			req.Header.Set(header, value)
+		}
+		resp, err := testClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+
+	t.Setenv("LM_WARDEN_TOKEN", "")
+	if err := loadCaddyfile(cfg); err != nil {
+		t.Fatalf("the example's token check does not load without LM_WARDEN_TOKEN: %v", err)
+	}
+	for _, h := range [][2]string{{"", ""}, {"Authorization", "Bearer "}, {"X-Api-Key", ""}, {"Authorization", "Bearer x"}} {
+		if code, body := get(h[0], h[1]); code != http.StatusInternalServerError || !strings.Contains(body, "set LM_WARDEN_TOKEN") {
+			t.Errorf("no token set, %s %q: %d %s, want 500 naming LM_WARDEN_TOKEN", h[0], h[1], code, body)
+		}
+	}
+
+	t.Setenv("LM_WARDEN_TOKEN", "s3cret")
+	for _, c := range []struct {
+		header, value string
+		want          int
+	}{
+		{"", "", http.StatusUnauthorized},
+		{"Authorization", "Bearer ", http.StatusUnauthorized},
+		{"Authorization", "Bearer wrong", http.StatusUnauthorized},
+		{"X-Api-Key", "", http.StatusUnauthorized},
+		{"Authorization", "Bearer s3cret", http.StatusOK},
+		{"X-Api-Key", "s3cret", http.StatusOK},
+	} {
+		if code, body := get(c.header, c.value); code != c.want {
+			t.Errorf("%s %q: %d %s, want %d", c.header, c.value, code, body, c.want)
+		}
 	}
 }
 

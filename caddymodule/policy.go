@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/textproto"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -207,8 +208,49 @@ func (p *Policy) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return fmt.Errorf("loading lm_warden app: %w", err)
 	}
-	appVal.(*App).add(p.m, p)
+	if err := appVal.(*App).add(p.m, p); err != nil {
+		return err
+	}
 	return registerMetrics(ctx.GetMetricsRegistry())
+}
+
+// sharedSettings are a policy's settings that its model's shared state
+// takes: every policy naming one model must agree on them.
+type sharedSettings struct {
+	Router           placement.Config
+	Poll             pollSettings
+	DataParallelSize int
+	ClientPinHeader  string
+	RouteHeader      bool
+}
+
+func (p *Policy) shared() sharedSettings {
+	return sharedSettings{
+		Router:           p.routerConfig(),
+		Poll:             p.pollSettings(),
+		DataParallelSize: max(p.DataParallelSize, 1),
+		ClientPinHeader:  textproto.CanonicalMIMEHeaderKey(p.ClientPinHeader),
+		RouteHeader:      p.RouteHeader == nil || *p.RouteHeader,
+	}
+}
+
+// diff lists the settings in which s and o differ, as "Name a ≠ b".
+func (s sharedSettings) diff(o sharedSettings) string {
+	var out []string
+	var walk func(prefix string, a, b reflect.Value)
+	walk = func(prefix string, a, b reflect.Value) {
+		for i := range a.NumField() {
+			name := prefix + a.Type().Field(i).Name
+			fa, fb := a.Field(i), b.Field(i)
+			if fa.Kind() == reflect.Struct {
+				walk(name+".", fa, fb)
+			} else if !fa.Equal(fb) {
+				out = append(out, fmt.Sprintf("%s %v ≠ %v", name, fa, fb))
+			}
+		}
+	}
+	walk("", reflect.ValueOf(s), reflect.ValueOf(o))
+	return strings.Join(out, ", ")
 }
 
 // apply gives the model's shared state this policy's settings.

@@ -19,8 +19,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/lmwarden/caddy-lmwarden/emulator"
@@ -68,31 +66,10 @@ func loadRobustSite(t *testing.T, site string) *robustSite {
 // configuration under a running client.
 func reloadRobustSite(t *testing.T, port int, site string) *robustSite {
 	t.Helper()
-	robustPorts.once.Do(func() { robustPorts.admin = freeLoopbackPort(t) })
-	admin := robustPorts.admin
-	cfg := fmt.Sprintf(`{
-	admin 127.0.0.1:%d
-	http_port %d
-	https_port %d
-	auto_https off
-	default_bind 127.0.0.1
-	skip_install_trust
-	grace_period 1s
-	persist_config off
-	servers {
-		protocols h1 h2c
-	}
-}
-http://127.0.0.1:%d {
-%s
-}
-`, admin, port, port+1, port, site)
-	cfgJSON, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cfg), nil)
-	if err != nil {
-		t.Fatalf("adapting: %v", err)
-	}
-	if err := caddy.Load(cfgJSON, true); err != nil {
-		t.Fatalf("loading: %v", err)
+	admin := robustAdminPort(t)
+	cfg := robustConfig(admin, port, site)
+	if err := loadCaddyfile(cfg); err != nil {
+		t.Fatal(err)
 	}
 	testClient.CloseIdleConnections()
 	return &robustSite{t: t, port: port, admin: fmt.Sprintf("http://127.0.0.1:%d", admin), url: fmt.Sprintf("http://127.0.0.1:%d", port)}

@@ -1,8 +1,11 @@
 package caddymodule
 
 import (
+	"fmt"
 	"net/http"
+	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -21,29 +24,29 @@ import (
 // own. When the last policy of a model goes, the state is destructed.
 var modelStates = caddy.NewUsagePool()
 
-// registry lets the admin API and the metrics collector reach the live
-// models; a model is in it from its first policy's Provision until its state
-// is destructed.
-var registry = struct {
-	sync.RWMutex
-	m map[string]*modelState
-}{m: make(map[string]*modelState)}
-
+// lookupModel returns the live model named name.
 func lookupModel(name string) (*modelState, bool) {
-	registry.RLock()
-	m, ok := registry.m[name]
-	registry.RUnlock()
-	return m, ok
+	var found *modelState
+	modelStates.Range(func(key, val any) bool {
+		if key == name {
+			found, _ = val.(*modelState)
+			return false
+		}
+		return true
+	})
+	return found, found != nil
 }
 
-// models returns the live models sorted by name.
+// models returns the live models sorted by name: those some loaded
+// configuration's policy holds a reference to.
 func models() []*modelState {
-	registry.RLock()
-	out := make([]*modelState, 0, len(registry.m))
-	for _, m := range registry.m {
-		out = append(out, m)
-	}
-	registry.RUnlock()
+	var out []*modelState
+	modelStates.Range(func(_, val any) bool {
+		if m, ok := val.(*modelState); ok {
+			out = append(out, m)
+		}
+		return true
+	})
 	sort.Slice(out, func(i, j int) bool { return out[i].name < out[j].name })
 	return out
 }
@@ -85,9 +88,6 @@ func newModelState(name string, rcfg placement.Config) *modelState {
 		pollErrs: make(map[string]uint64),
 		logger:   zap.NewNop(),
 	}
-	registry.Lock()
-	registry.m[name] = m
-	registry.Unlock()
 	return m
 }
 
@@ -102,11 +102,6 @@ func (m *modelState) Destruct() error {
 	if p != nil {
 		p.Stop()
 	}
-	registry.Lock()
-	if registry.m[m.name] == m {
-		delete(registry.m, m.name)
-	}
-	registry.Unlock()
 	return nil
 }
 
@@ -288,31 +283,53 @@ func (a *App) Provision(ctx caddy.Context) error {
 	return nil
 }
 
-func (a *App) add(m *modelState, p *Policy) {
+// add records a policy of this configuration. Policies naming one model
+// share its router and poller, so they must agree on every setting: a
+// second policy that disagrees fails the configuration load instead of
+// silently overwriting the first one's settings.
+func (a *App) add(m *modelState, p *Policy) error {
 	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, q := range a.policies {
+		if q.Model == p.Model && q.shared() != p.shared() {
+			return fmt.Errorf("lm_warden: model %s is configured twice with different settings (%s); "+
+				"policies naming one model share its router and poller, so give them the same settings or different model names",
+				p.Model, q.shared().diff(p.shared()))
+		}
+	}
 	if a.models == nil {
 		a.models = make(map[string]*modelState)
 	}
 	a.models[m.name] = m
 	a.policies = append(a.policies, p)
-	a.mu.Unlock()
+	return nil
 }
 
 // Start applies this configuration's settings to its models (a reload
 // changes a running model only once the new configuration starts), tells
 // them their static upstreams (so polling and the card start before the
-// first request) and starts polling.
+// first request) and starts polling. It fails, changing nothing, when two
+// reverse proxies give one model different upstreams.
 func (a *App) Start() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	for _, p := range a.policies {
-		p.apply()
-	}
+	var seeds []upstreamSeed
 	if a.ctx.Context != nil && len(a.policies) > 0 {
 		if httpApp, err := a.ctx.AppIfConfigured("http"); err == nil {
 			if app, ok := httpApp.(*caddyhttp.App); ok {
-				seedUpstreams(app, a.policies)
+				seeds = findUpstreams(app, a.policies)
 			}
+		}
+	}
+	if err := checkUpstreams(seeds); err != nil {
+		return err
+	}
+	for _, p := range a.policies {
+		p.apply()
+	}
+	for _, s := range seeds {
+		if len(s.h.Upstreams) > 0 {
+			s.p.replicas(s.h.Upstreams)
 		}
 	}
 	for _, m := range a.models {
@@ -321,13 +338,20 @@ func (a *App) Start() error {
 	return nil
 }
 
-// seedUpstreams finds the reverse proxies that use one of policies and hands
-// each policy its static upstreams.
-func seedUpstreams(app *caddyhttp.App, policies []*Policy) {
+// upstreamSeed is a reverse proxy using one of this configuration's
+// policies.
+type upstreamSeed struct {
+	p *Policy
+	h *reverseproxy.Handler
+}
+
+// findUpstreams finds the reverse proxies that use one of policies.
+func findUpstreams(app *caddyhttp.App, policies []*Policy) []upstreamSeed {
 	ours := make(map[*Policy]bool, len(policies))
 	for _, p := range policies {
 		ours[p] = true
 	}
+	var out []upstreamSeed
 	var walk func(routes caddyhttp.RouteList)
 	walk = func(routes caddyhttp.RouteList) {
 		for _, rt := range routes {
@@ -339,11 +363,11 @@ func seedUpstreams(app *caddyhttp.App, policies []*Policy) {
 						walk(h.Errors.Routes)
 					}
 				case *reverseproxy.Handler:
-					if h.LoadBalancing == nil || len(h.Upstreams) == 0 {
+					if h.LoadBalancing == nil {
 						continue
 					}
 					if p, ok := h.LoadBalancing.SelectionPolicy.(*Policy); ok && ours[p] {
-						p.replicas(h.Upstreams)
+						out = append(out, upstreamSeed{p: p, h: h})
 					}
 				}
 			}
@@ -360,6 +384,44 @@ func seedUpstreams(app *caddyhttp.App, policies []*Policy) {
 			}
 		}
 	}
+	return out
+}
+
+// checkUpstreams refuses a model whose reverse proxies list different
+// upstreams, or that has dynamic upstreams in more than one proxy: its
+// policies share one replica set, which would otherwise flip between the
+// lists on every request and answer 503 for replicas the other list lacks.
+func checkUpstreams(seeds []upstreamSeed) error {
+	first := make(map[string]upstreamSeed)
+	for _, s := range seeds {
+		f, seen := first[s.p.Model]
+		if !seen {
+			first[s.p.Model] = s
+			continue
+		}
+		if f.h == s.h {
+			continue
+		}
+		if f.h.DynamicUpstreams != nil || s.h.DynamicUpstreams != nil {
+			return fmt.Errorf("lm_warden: model %s is used by more than one reverse_proxy and one of them has dynamic upstreams; "+
+				"give each its own model name, or route to one reverse_proxy", s.p.Model)
+		}
+		a, b := dials(f.h.Upstreams), dials(s.h.Upstreams)
+		if !slices.Equal(a, b) {
+			return fmt.Errorf("lm_warden: model %s is used by reverse proxies with different upstreams (%s and %s); "+
+				"policies naming one model share its replicas, so list the same upstreams in the same order or use different model names",
+				s.p.Model, strings.Join(a, " "), strings.Join(b, " "))
+		}
+	}
+	return nil
+}
+
+func dials(ups reverseproxy.UpstreamPool) []string {
+	out := make([]string, len(ups))
+	for i, u := range ups {
+		out[i] = u.Dial
+	}
+	return out
 }
 
 // Stop does nothing: a model's poller outlives a reload and stops when the

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 
@@ -83,5 +84,132 @@ func TestReplicaChurnKeepsStateBounded(t *testing.T) {
 	}
 	if rs := p.set.Load(); len(rs.where) != 4 {
 		t.Fatalf("policy keeps %d replicas' picks", len(rs.where))
+	}
+}
+
+// robustAdminPort is the admin port of the in-process Caddy that
+// loadCaddyfile loads, picked once per test process.
+func robustAdminPort(t *testing.T) int {
+	robustPorts.once.Do(func() { robustPorts.admin = freeLoopbackPort(t) })
+	return robustPorts.admin
+}
+
+// robustConfig is a Caddyfile with one plain-HTTP site on 127.0.0.1:port
+// whose body is site, and the admin endpoint on 127.0.0.1:admin.
+func robustConfig(admin, port int, site string) string {
+	return fmt.Sprintf(`{
+	admin 127.0.0.1:%d
+	http_port %d
+	https_port %d
+	auto_https off
+	default_bind 127.0.0.1
+	skip_install_trust
+	grace_period 1s
+	persist_config off
+	servers {
+		protocols h1 h2c
+	}
+}
+http://127.0.0.1:%d {
+%s
+}
+`, admin, port, port+1, port, site)
+}
+
+// loadCaddyfile adapts a Caddyfile and loads it into the in-process Caddy,
+// returning the error a failed load gives (the running config then stays).
+func loadCaddyfile(cfg string) error {
+	cfgJSON, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cfg), nil)
+	if err != nil {
+		return fmt.Errorf("adapting: %w", err)
+	}
+	if err := caddy.Load(cfgJSON, true); err != nil {
+		return fmt.Errorf("loading: %w", err)
+	}
+	return nil
+}
+
+// TestModelOwnedOnce loads configurations in which two reverse proxies use
+// one model: they share its router, so they load only when they agree on
+// every setting and on the upstreams; otherwise the load fails with a
+// message that says why, and the running configuration keeps serving.
+func TestModelOwnedOnce(t *testing.T) {
+	fakes := startFakes(t, 2)
+	ups := dialList(fakes)
+	site := func(second string) string {
+		return fmt.Sprintf(`
+	lm_warden
+	@a path /a/*
+	handle @a {
+		uri strip_prefix /a
+		reverse_proxy %s {
+			lb_policy lm_warden {
+				model owned
+				max_num_seqs 32
+			}
+		}
+	}
+	handle {
+		reverse_proxy %s
+	}`, ups, second)
+	}
+	cases := []struct {
+		name, second string
+		wantErr      string // "" loads
+	}{
+		{"same settings and upstreams", ups + " {\n lb_policy lm_warden {\n model owned\n max_num_seqs 32\n }\n }", ""},
+		{"different settings", ups + " {\n lb_policy lm_warden {\n model owned\n max_num_seqs 64\n }\n }",
+			"model owned is configured twice with different settings (Router.MaxNumSeqs 32 ≠ 64)"},
+		{"different upstreams", fakes[0].addr + " {\n lb_policy lm_warden {\n model owned\n max_num_seqs 32\n }\n }",
+			"model owned is used by reverse proxies with different upstreams"},
+		{"other upstream order", fakes[1].addr + " " + fakes[0].addr + " {\n lb_policy lm_warden {\n model owned\n max_num_seqs 32\n }\n }",
+			"different upstreams"},
+	}
+	admin := robustAdminPort(t)
+	port := freeLoopbackPort(t)
+	if err := loadCaddyfile(robustConfig(admin, port, site(cases[0].second))); err != nil {
+		t.Fatal(err)
+	}
+	base := fmt.Sprintf("http://127.0.0.1:%d", port)
+	// both proxies share the model's router: a conversation started through
+	// one continues on the same replica through the other
+	turn := func(path string) string {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodPost, base+path, strings.NewReader(chatTurn("owned conversation", 1, false)))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("X-Claude-Code-Session-Id", "owned-1")
+		resp, err := testClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s: status %d", path, resp.StatusCode)
+		}
+		return resp.Header.Get(RouteHeader)
+	}
+	first, second := turn("/a/v1/chat/completions"), turn("/v1/chat/completions")
+	if r1, r2 := strings.SplitN(first, ";", 2)[0], strings.SplitN(second, ";", 2)[0]; r1 != r2 || !strings.Contains(second, "sticky") {
+		t.Fatalf("turns through the two proxies went to %q then %q, want one replica, sticky", first, second)
+	}
+	for _, c := range cases[1:] {
+		t.Run(c.name, func(t *testing.T) {
+			err := loadCaddyfile(robustConfig(admin, freeLoopbackPort(t), site(c.second)))
+			if err == nil || !strings.Contains(err.Error(), c.wantErr) {
+				t.Fatalf("load error %v, want one containing %q", err, c.wantErr)
+			}
+			// the running configuration still serves, with its settings
+			if got := turn("/v1/chat/completions"); !strings.Contains(got, "sticky") {
+				t.Fatalf("after the refused load: route %q, want sticky", got)
+			}
+			m, ok := lookupModel("owned")
+			if !ok {
+				t.Fatal("model owned is gone after a refused load")
+			}
+			if n := m.router.Config().MaxNumSeqs; n != 32 {
+				t.Fatalf("max_num_seqs %d after a refused load, want 32", n)
+			}
+		})
 	}
 }

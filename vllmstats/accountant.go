@@ -232,3 +232,71 @@ func (a *Accountant) Series(now time.Time) Series {
 	}
 	return s
 }
+
+// Chart is part of the hour summed into equal steps, for drawing.
+type Chart struct {
+	// End is the end of the last step: the start of the second in
+	// progress, which is left out so a chart's right edge does not dip.
+	End time.Time
+	// Step is the length of one step, a whole number of seconds.
+	Step time.Duration
+	// Tokens per step, oldest first.
+	Cached, Computed, Generated []uint64
+	// CachedShare is cached / (cached + computed) over the steps, 0 when
+	// there were no prompt tokens.
+	CachedShare float64
+}
+
+// Chart sums the whole seconds of the hour before now's second into at most
+// points equal steps of one replica, or of all replicas when replica is "",
+// without building the per-second series; the oldest seconds that do not
+// fill a step are left out. ok is false for a replica without usage.
+func (a *Accountant) Chart(now time.Time, points int, replica string) (c Chart, ok bool) {
+	const whole = SeriesLength - 1 // the second in progress is left out
+	points = max(1, min(points, whole))
+	per := (whole + points - 1) / points
+	n := whole / per
+	end := now.Unix() // exclusive: the second in progress
+	first := end - int64(n*per)
+	c = Chart{
+		End:       time.Unix(end, 0).In(now.Location()),
+		Step:      time.Duration(per) * time.Second,
+		Cached:    make([]uint64, n),
+		Computed:  make([]uint64, n),
+		Generated: make([]uint64, n),
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	add := func(r *replicaAccount) {
+		for i := range r.ring {
+			b := &r.ring[i]
+			if b.sec < first || b.sec >= end {
+				continue
+			}
+			k := int(b.sec-first) / per
+			c.Cached[k] += b.cached
+			c.Computed[k] += b.computed
+			c.Generated[k] += b.generated
+		}
+	}
+	if replica != "" {
+		r := a.replicas[replica]
+		if r == nil {
+			return Chart{}, false
+		}
+		add(r)
+	} else {
+		for _, r := range a.replicas {
+			add(r)
+		}
+	}
+	var cached, computed uint64
+	for k := range n {
+		cached += c.Cached[k]
+		computed += c.Computed[k]
+	}
+	if cached+computed > 0 {
+		c.CachedShare = float64(cached) / float64(cached+computed)
+	}
+	return c, true
+}

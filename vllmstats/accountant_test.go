@@ -163,3 +163,57 @@ func TestHourCachedShareMatchesSeries(t *testing.T) {
 		t.Errorf("share at t0 %v, want 0.8", got)
 	}
 }
+
+// TestAccountantChart checks that Chart sums exactly what Series holds, step
+// by step, for one replica and for all, leaving out the second in progress
+// and the oldest seconds that do not fill a step.
+func TestAccountantChart(t *testing.T) {
+	a := NewAccountant()
+	now := time.Unix(1_800_000_000, 0)
+	for i := range 5000 { // more than an hour: the oldest fall out of the ring
+		sec := now.Add(-time.Duration(i) * time.Second)
+		u := Usage{Measured: true, CachedMeasured: true, PromptTokens: int64(10 + i%7), CachedTokens: int64(i % 5), CompletionTokens: int64(i % 3)}
+		a.Record([]string{"a", "b"}[i%2], u, sec)
+	}
+	ser := a.Series(now)
+	for _, c := range []struct {
+		replica string
+		points  int
+	}{{"", 360}, {"a", 360}, {"b", 100}, {"", 1}, {"a", 5000}} {
+		ch, ok := a.Chart(now, c.points, c.replica)
+		if !ok {
+			t.Fatalf("%q: not found", c.replica)
+		}
+		per := int(ch.Step / time.Second)
+		n := len(ch.Cached)
+		if n > c.points || n*per > SeriesLength-1 || (n+1)*per <= SeriesLength-1 && n < c.points {
+			t.Fatalf("%q/%d: %d steps of %d s", c.replica, c.points, n, per)
+		}
+		want := ser.Sum
+		if c.replica != "" {
+			want = ser.Replicas[c.replica]
+		}
+		off := SeriesLength - 1 - n*per // per-second index of the first step
+		var cached, computed uint64
+		for k := range n {
+			var wc, wp, wg uint64
+			for j := off + k*per; j < off+(k+1)*per; j++ {
+				wc, wp, wg = wc+want.Cached[j], wp+want.Computed[j], wg+want.Generated[j]
+			}
+			if ch.Cached[k] != wc || ch.Computed[k] != wp || ch.Generated[k] != wg {
+				t.Fatalf("%q/%d step %d: %d/%d/%d, series sums %d/%d/%d", c.replica, c.points, k,
+					ch.Cached[k], ch.Computed[k], ch.Generated[k], wc, wp, wg)
+			}
+			cached, computed = cached+wc, computed+wp
+		}
+		if want := float64(cached) / float64(cached+computed); ch.CachedShare != want {
+			t.Fatalf("%q/%d: share %v, want %v", c.replica, c.points, ch.CachedShare, want)
+		}
+		if !ch.End.Equal(now) {
+			t.Fatalf("end %v, want %v", ch.End, now)
+		}
+	}
+	if _, ok := a.Chart(now, 360, "nope"); ok {
+		t.Fatal("a replica without usage has a chart")
+	}
+}

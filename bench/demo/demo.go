@@ -40,10 +40,11 @@ type Config struct {
 	// card is served there under /lm-warden/.
 	Admin string
 	// Listen is the proxy's address (default 127.0.0.1 on a free port).
-	Listen   string
-	API      bench.API
-	Progress io.Writer // live progress line (nil: none)
-	Log      io.Writer // what the demo tells the user (nil: none)
+	Listen       string
+	API          bench.API
+	Progress     io.Writer // progress of the stages (nil: none)
+	LiveProgress bool      // rewrite one progress line in place (a terminal)
+	Log          io.Writer // what the demo tells the user (nil: none)
 }
 
 // DefaultConfig runs the brief's stages, affinity off then on, on four
@@ -117,19 +118,20 @@ func Run(ctx context.Context, cfg Config) (*bench.Report, error) {
 	logf("stages %v × %v, %v + %v warm-up each in engine time: about %v of wall time", cfg.Stages, cfg.Modes, cfg.StageLength, cfg.Warmup, total.Round(time.Second))
 
 	rep, err := bench.RunHTTP(ctx, bench.HTTPConfig{
-		Client:      bench.Client{BaseURL: "http://" + listen, API: cfg.API, Token: "demo-token"},
-		Workload:    cfg.Workload,
-		Count:       emulator.CountTokens,
-		Stages:      cfg.Stages,
-		Modes:       cfg.Modes,
-		SetMode:     func(ctx context.Context, mode string) error { return px.setMode(ctx, mode) },
-		Policy:      bench.PolicyOf,
-		StageLength: cfg.StageLength,
-		Warmup:      cfg.Warmup,
-		Speed:       cfg.Speed,
-		Metrics:     metrics,
-		Progress:    cfg.Progress,
-		Drain:       10 * time.Second,
+		Client:       bench.Client{BaseURL: "http://" + listen, API: cfg.API, Token: "demo-token"},
+		Workload:     cfg.Workload,
+		Count:        emulator.CountTokens,
+		Stages:       cfg.Stages,
+		Modes:        cfg.Modes,
+		SetMode:      func(ctx context.Context, mode string) error { return px.setMode(ctx, mode) },
+		Policy:       bench.PolicyOf,
+		StageLength:  cfg.StageLength,
+		Warmup:       cfg.Warmup,
+		Speed:        cfg.Speed,
+		Metrics:      metrics,
+		Progress:     cfg.Progress,
+		LiveProgress: cfg.LiveProgress,
+		Drain:        10 * time.Second,
 	})
 	if rep != nil {
 		rep.Kind = "demo"

@@ -161,7 +161,7 @@ func runDemo(ctx context.Context, args []string) error {
 		d.StageLength, d.Warmup = 3*time.Minute, time.Minute
 	}
 	d.API = bench.API(*api)
-	d.Progress, d.Log = os.Stderr, os.Stderr
+	d.Progress, d.Log, d.LiveProgress = os.Stderr, os.Stderr, isTerminal(os.Stderr)
 	rep, err := demo.Run(ctx, d)
 	if rep != nil && len(rep.Stages) > 0 {
 		if ferr := finish(rep, c.out); ferr != nil && err == nil {
@@ -271,7 +271,7 @@ func runHTTP(ctx context.Context, args []string) error {
 	hc := bench.HTTPConfig{
 		Client: cl, Workload: c.w, Stages: stages, Modes: modes,
 		StageLength: c.stageLength, Warmup: c.warmup, Speed: *speed,
-		Progress: os.Stderr, Policy: bench.PolicyOf,
+		Progress: os.Stderr, LiveProgress: isTerminal(os.Stderr), Policy: bench.PolicyOf,
 	}
 	if *tokenizer == "emulator" {
 		hc.Count = emulator.CountTokens
@@ -295,4 +295,11 @@ func runHTTP(ctx context.Context, args []string) error {
 		}
 	}
 	return err
+}
+
+// isTerminal reports whether f is a terminal (a character device), where a
+// progress line may be rewritten in place with \r.
+func isTerminal(f *os.File) bool {
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }

@@ -4,8 +4,9 @@
 // It has three parts, none of which knows about Caddy or the placement policy:
 //
 //   - ParseMetrics and Poller read vLLM's Prometheus exposition (GET /metrics)
-//     and GET /v1/models, per replica (one server, or one data-parallel engine
-//     of a server), and publish an immutable Snapshot that readers on the
+//     per replica (one server, or one data-parallel engine of a server),
+//     keep the prefix hit rate over a sliding window (hitwindow.go) and
+//     since start, and publish an immutable Snapshot that readers on the
 //     request path load without locking or allocating. Counters are read
 //     with or without the _total suffix; a figure the engine does not export
 //     is reported absent (EngineMetrics.Present, ReplicaStats.HitRateKnown),

@@ -3,8 +3,6 @@ package vllmstats
 import (
 	"bytes"
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -41,8 +39,8 @@ type PollerConfig struct {
 	FailAfter int
 	// Window is the span of the windowed prefix hit rate; default 60 s.
 	Window time.Duration
-	// MetricsPath and ModelsPath default to "/metrics" and "/v1/models".
-	MetricsPath, ModelsPath string
+	// MetricsPath defaults to "/metrics".
+	MetricsPath string
 	// Client defaults to a client with its own transport.
 	Client *http.Client
 	// Logger defaults to a no-op logger.
@@ -90,9 +88,6 @@ type ReplicaStats struct {
 
 	// Metrics are from the last good poll (kept while polls fail).
 	Metrics EngineMetrics
-	// MaxModelLen and ModelID are from GET /v1/models.
-	MaxModelLen int
-	ModelID     string
 
 	// HitRateWindow is Δhits/Δqueries of the prefix cache over the last
 	// Window, HitRateTotal since the poller started; 0 when no queries.
@@ -102,16 +97,12 @@ type ReplicaStats struct {
 	// counters (Metrics.Present has FigPrefix). When false the hit rates are
 	// unknown, not 0.
 	HitRateKnown bool
-	// WindowQueries are the prefix-cache queries (tokens) within the window.
-	WindowQueries float64
-	// Counter increases since the poller started, summed over restarts of
-	// the replica (a counter that goes down starts a new baseline).
-	QueriesSinceStart, HitsSinceStart, PromptTokensSinceStart, GenerationTokensSinceStart float64
+	// Prefix-cache counter increases since the poller started, summed over
+	// restarts of the replica (a counter that goes down starts a new
+	// baseline).
+	QueriesSinceStart, HitsSinceStart float64
 	// Resets counts counter drops seen (replica restarts).
 	Resets uint64
-
-	// Samples counts good polls, BusySamples those with running > 0.
-	Samples, BusySamples uint64
 }
 
 // Poller polls the /metrics of every target's server at an interval and
@@ -124,7 +115,7 @@ type Poller struct {
 	mu      sync.Mutex // targets, states, urls; never held during I/O
 	targets []Target
 	states  map[string]*targetState
-	urls    map[string]*urlState
+	urls    map[string]bool // distinct base URLs, each polled once a round
 
 	snap atomic.Pointer[Snapshot]
 
@@ -134,28 +125,13 @@ type Poller struct {
 	done                chan struct{}
 }
 
-type windowSample struct {
-	at            time.Time
-	queries, hits float64
-}
-
 type targetState struct {
 	stats    ReplicaStats
-	havePrev [4]bool    // prev holds a value of that counter
-	prev     [4]float64 // queries, hits, prompt, generation
+	havePrev [2]bool    // prev holds a value of that counter
+	prev     [2]float64 // prefix queries, hits
 	// missing is the set of figures last logged as absent.
-	missing  Figures
-	ring     []windowSample
-	ringNext int
-	ringLen  int
-}
-
-type urlState struct {
-	needModels  bool
-	failing     bool
-	modelName   string
-	maxModelLen int
-	modelID     string
+	missing Figures
+	window  *hitWindow
 }
 
 // NewPoller returns a stopped poller with its first snapshot (every target
@@ -176,9 +152,6 @@ func NewPoller(cfg PollerConfig) *Poller {
 	if cfg.MetricsPath == "" {
 		cfg.MetricsPath = "/metrics"
 	}
-	if cfg.ModelsPath == "" {
-		cfg.ModelsPath = "/v1/models"
-	}
 	if cfg.Client == nil {
 		tr := http.DefaultTransport.(*http.Transport).Clone()
 		tr.MaxIdleConnsPerHost = 4
@@ -192,7 +165,7 @@ func NewPoller(cfg PollerConfig) *Poller {
 		cfg:    cfg,
 		log:    log,
 		states: make(map[string]*targetState),
-		urls:   make(map[string]*urlState),
+		urls:   make(map[string]bool),
 		done:   make(chan struct{}),
 	}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
@@ -251,9 +224,7 @@ func (p *Poller) setTargetsLocked(targets []Target) {
 			st = p.newState(t)
 			p.states[t.ID] = st
 		}
-		if p.urls[t.BaseURL] == nil {
-			p.urls[t.BaseURL] = &urlState{needModels: true}
-		}
+		p.urls[t.BaseURL] = true
 	}
 	for id := range p.states {
 		if !seen[id] {
@@ -272,11 +243,9 @@ func (p *Poller) setTargetsLocked(targets []Target) {
 }
 
 func (p *Poller) newState(t Target) *targetState {
-	n := int(p.cfg.Window/p.cfg.Interval) + 2
-	n = min(max(n, 4), 3600)
 	return &targetState{
-		stats: ReplicaStats{ID: t.ID, BaseURL: t.BaseURL, Engine: t.Engine, Reachable: true},
-		ring:  make([]windowSample, n),
+		stats:  ReplicaStats{ID: t.ID, BaseURL: t.BaseURL, Engine: t.Engine, Reachable: true},
+		window: newHitWindow(p.cfg.Window, p.cfg.Interval),
 	}
 }
 
@@ -305,48 +274,27 @@ func (p *Poller) run() {
 }
 
 type urlResult struct {
-	engines      map[string]*EngineMetrics
-	err          error
-	modelsWanted bool
-	models       *modelsInfo
-}
-
-type modelsInfo struct {
-	id          string
-	maxModelLen int
+	engines map[string]*EngineMetrics
+	err     error
 }
 
 // round polls every distinct base URL once, concurrently, then applies the
 // results and publishes a snapshot.
 func (p *Poller) round() {
 	p.mu.Lock()
-	type job struct {
-		url        string
-		needModels bool
-	}
-	jobs := make([]job, 0, len(p.urls))
-	for u, us := range p.urls {
-		jobs = append(jobs, job{u, us.needModels || us.failing})
+	urls := make([]string, 0, len(p.urls))
+	for u := range p.urls {
+		urls = append(urls, u)
 	}
 	p.mu.Unlock()
 
-	results := make([]urlResult, len(jobs))
+	results := make([]urlResult, len(urls))
 	var wg sync.WaitGroup
-	for i, j := range jobs {
+	for i, u := range urls {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r := &results[i]
-			r.modelsWanted = j.needModels
-			r.engines, r.err = p.fetchMetrics(j.url)
-			if r.err == nil && j.needModels {
-				m, err := p.fetchModels(j.url)
-				if err != nil {
-					p.log.Debug("reading models", zap.String("url", j.url), zap.Error(err))
-				} else {
-					r.models = m
-				}
-			}
+			results[i].engines, results[i].err = p.fetchMetrics(u)
 		}()
 	}
 	wg.Wait()
@@ -356,12 +304,10 @@ func (p *Poller) round() {
 
 	now := time.Now()
 	p.mu.Lock()
-	for i, j := range jobs {
-		us := p.urls[j.url]
-		if us == nil {
-			continue // removed by SetTargets meanwhile
-		}
-		p.applyURL(j.url, us, &results[i], now)
+	for i, u := range urls {
+		if p.urls[u] {
+			p.applyURL(u, &results[i], now)
+		} // else removed by SetTargets meanwhile
 	}
 	s := p.publishLocked(now)
 	p.mu.Unlock()
@@ -370,15 +316,7 @@ func (p *Poller) round() {
 	}
 }
 
-func (p *Poller) applyURL(url string, us *urlState, r *urlResult, now time.Time) {
-	us.failing = r.err != nil
-	if r.modelsWanted && r.err == nil && r.models == nil {
-		us.needModels = true // try again next round
-	}
-	if r.models != nil {
-		us.needModels = false
-		us.modelID, us.maxModelLen = r.models.id, r.models.maxModelLen
-	}
+func (p *Poller) applyURL(url string, r *urlResult, now time.Time) {
 	for _, t := range p.targets {
 		if t.BaseURL != url {
 			continue
@@ -394,17 +332,9 @@ func (p *Poller) applyURL(url string, us *urlState, r *urlResult, now time.Time)
 		}
 		if err != nil {
 			p.fail(st, err)
-			us.failing = true // read the models again when it comes back
 			continue
 		}
-		if us.modelName != "" && em.ModelName != us.modelName {
-			us.needModels = true // the server now serves another model
-		}
-		us.modelName = em.ModelName
-		if p.succeed(st, em, now) {
-			us.needModels = true // restarted: its configuration may have changed
-		}
-		st.stats.MaxModelLen, st.stats.ModelID = us.maxModelLen, us.modelID
+		p.succeed(st, em, now)
 	}
 }
 
@@ -446,10 +376,6 @@ func (p *Poller) succeed(st *targetState, em *EngineMetrics, now time.Time) (res
 	}
 	s.Reachable, s.Failures, s.LastError, s.LastSeen = true, 0, "", now
 	s.Metrics = *em
-	s.Samples++
-	if em.Running > 0 {
-		s.BusySamples++
-	}
 
 	if missing := em.Present.Missing(); missing != st.missing {
 		// Once per replica and change, not every poll.
@@ -463,9 +389,9 @@ func (p *Poller) succeed(st *targetState, em *EngineMetrics, now time.Time) (res
 	}
 
 	// A counter the poll did not find keeps its baseline and adds nothing.
-	cur := [4]float64{em.PrefixQueries, em.PrefixHits, em.PromptTokens, em.GenerationTokens}
-	var have [4]bool
-	for i, f := range [4]Figures{FigPrefixQueries, FigPrefixHits, FigPromptTokens, FigGenerationTokens} {
+	cur := [2]float64{em.PrefixQueries, em.PrefixHits}
+	var have [2]bool
+	for i, f := range [2]Figures{FigPrefixQueries, FigPrefixHits} {
 		have[i] = em.Present.Has(f)
 		if have[i] && st.havePrev[i] && cur[i] < st.prev[i] {
 			reset = true
@@ -474,7 +400,7 @@ func (p *Poller) succeed(st *targetState, em *EngineMetrics, now time.Time) (res
 	if reset {
 		s.Resets++
 	}
-	since := [4]*float64{&s.QueriesSinceStart, &s.HitsSinceStart, &s.PromptTokensSinceStart, &s.GenerationTokensSinceStart}
+	since := [2]*float64{&s.QueriesSinceStart, &s.HitsSinceStart}
 	for i := range cur {
 		if !have[i] {
 			continue
@@ -489,25 +415,8 @@ func (p *Poller) succeed(st *targetState, em *EngineMetrics, now time.Time) (res
 		s.HitRateTotal = s.HitsSinceStart / s.QueriesSinceStart
 	}
 
-	// Window: cumulative (reset-safe) values at each poll in a fixed ring.
-	st.ring[st.ringNext] = windowSample{now, s.QueriesSinceStart, s.HitsSinceStart}
-	st.ringNext = (st.ringNext + 1) % len(st.ring)
-	st.ringLen = min(st.ringLen+1, len(st.ring))
-	// The window starts at the newest earlier sample at least Window old (or
-	// the oldest kept, early on).
-	oldest := st.ring[(st.ringNext-st.ringLen+len(st.ring))%len(st.ring)]
-	for k := st.ringLen - 1; k > 1; k-- {
-		w := st.ring[(st.ringNext-k+len(st.ring))%len(st.ring)]
-		if now.Sub(w.at) < p.cfg.Window {
-			break
-		}
-		oldest = w
-	}
-	s.WindowQueries = s.QueriesSinceStart - oldest.queries
-	s.HitRateWindow = 0
-	if s.WindowQueries > 0 {
-		s.HitRateWindow = (s.HitsSinceStart - oldest.hits) / s.WindowQueries
-	}
+	// Window: the cumulative (reset-safe) counts at each good poll.
+	s.HitRateWindow = st.window.add(now, s.QueriesSinceStart, s.HitsSinceStart)
 	return reset
 }
 
@@ -551,27 +460,4 @@ func (p *Poller) fetchMetrics(base string) (map[string]*EngineMetrics, error) {
 		return nil, fmt.Errorf("polling %s%s: %w", base, p.cfg.MetricsPath, err)
 	}
 	return engines, nil
-}
-
-func (p *Poller) fetchModels(base string) (*modelsInfo, error) {
-	b, err := p.get(base+p.cfg.ModelsPath, "application/json")
-	if err != nil {
-		return nil, err
-	}
-	var body struct {
-		Data []struct {
-			ID          string `json:"id"`
-			MaxModelLen int    `json:"max_model_len"`
-			Parent      string `json:"parent"`
-		} `json:"data"`
-	}
-	if err := json.Unmarshal(b, &body); err != nil {
-		return nil, fmt.Errorf("reading %s%s: %w", base, p.cfg.ModelsPath, err)
-	}
-	for _, m := range body.Data {
-		if m.Parent == "" { // a base model, not a LoRA adapter
-			return &modelsInfo{id: m.ID, maxModelLen: m.MaxModelLen}, nil
-		}
-	}
-	return nil, errors.New("no base model in " + base + p.cfg.ModelsPath)
 }

@@ -21,7 +21,8 @@ import (
 )
 
 // uiFixture serves admin JSON documents in the agreed shapes, the way
-// admin.go does, from values a test controls: the brief's example card
+// admin.go does, from values a test controls: the card of the reference
+// measurement (docs/reference-measurement.md), affinity on, threshold 8
 // (4 replicas, sticky 38/21/19/29, prefix hit rates 82.2/86.0/69.0/80.0 %).
 type uiFixture struct {
 	mu    sync.Mutex
@@ -333,7 +334,7 @@ func TestUICardView(t *testing.T) {
 		ok     bool
 	}{
 		{
-			name: "brief example",
+			name: "reference card",
 			head: map[string]string{"affinity": "on", "spill": "8 (auto)", "sticky": "100%", "in_flight": "3",
 				"requests": "1,234,567", "bindings": "12", "max_num_seqs": "32"},
 			row: 0,

@@ -125,13 +125,10 @@ func TestProxyFailureCooldown(t *testing.T) {
 	d.Succeeded() // ends the run of the first failure
 	d.Release()
 	var want []time.Duration
+	r0 := r.reps[r.byID["r0"]]
 	for range 4 {
-		d, err := r.Route(Request{Pin: "r0", Now: now})
-		if err != nil {
-			t.Fatal(err)
-		}
-		d.Failed(now)
-		d.Release()
+		// requests sent before the first failure fail one after another
+		r.fail(r0, now.UnixNano())
 		want = append(want, replicaRow(t, r, "r0").CooldownUntil.Sub(now))
 	}
 	if !slices.Equal(want, []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 4 * time.Second}) {

@@ -247,9 +247,37 @@ func (p *Policy) Cleanup() error {
 
 // replicaSet maps the upstream pool last seen to replica IDs.
 type replicaSet struct {
-	dials []string
-	ids   [][]string // per upstream: its replica IDs (one, or one per engine)
-	where map[string]pick
+	dials   []string
+	ids     [][]string // per upstream: its replica IDs (one, or one per engine)
+	where   map[string]pick
+	ups     []*reverseproxy.Upstream
+	healthy []atomic.Bool // per upstream: Healthy() as last told to the router
+	hmu     sync.Mutex    // serialises telling the router
+}
+
+// syncHealth tells the router when Caddy's health state of upstream i (its
+// active or passive health checks, its circuit breaker) differs from what it
+// was last told; h is the upstream's Healthy().
+func (rs *replicaSet) syncHealth(router *placement.Router, i int, h bool) {
+	rs.hmu.Lock()
+	defer rs.hmu.Unlock()
+	if rs.healthy[i].Load() == h {
+		return
+	}
+	rs.healthy[i].Store(h)
+	for _, id := range rs.ids[i] {
+		router.SetHealthDown(id, !h)
+	}
+}
+
+// syncAllHealth syncs every upstream's health state; the poll rounds call
+// it, so the card follows the health checks with no traffic.
+func (rs *replicaSet) syncAllHealth(router *placement.Router) {
+	for i, u := range rs.ups {
+		if h := u.Healthy(); h != rs.healthy[i].Load() {
+			rs.syncHealth(router, i, h)
+		}
+	}
 }
 
 type pick struct {
@@ -306,10 +334,13 @@ func (p *Policy) replicas(pool reverseproxy.UpstreamPool) *replicaSet {
 	}
 	ps := p.pollSettings()
 	rs := &replicaSet{
-		dials: make([]string, len(pool)),
-		ids:   make([][]string, len(pool)),
-		where: make(map[string]pick),
+		dials:   make([]string, len(pool)),
+		ids:     make([][]string, len(pool)),
+		where:   make(map[string]pick),
+		ups:     append([]*reverseproxy.Upstream(nil), pool...),
+		healthy: make([]atomic.Bool, len(pool)),
 	}
+
 	var all []string
 	var targets []vllmstats.Target
 	for i, u := range pool {
@@ -332,6 +363,15 @@ func (p *Policy) replicas(pool reverseproxy.UpstreamPool) *replicaSet {
 	}
 	p.m.setTargets(all, targets)
 	p.set.Store(rs)
+	for i, u := range pool {
+		// replicas that stay keep their state in the router: set it anew
+		h := u.Healthy()
+		rs.healthy[i].Store(h)
+		for _, id := range rs.ids[i] {
+			p.m.router.SetHealthDown(id, !h)
+		}
+	}
+	p.m.health.Store(rs)
 	return rs
 }
 
@@ -363,7 +403,9 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 		}
 	}
 	if st.routed {
-		// a previous attempt of this request failed: free its slot
+		// a previous attempt of this request failed (a retry): its replica
+		// failed it, and its slot is freed
+		st.dec.Failed(time.Time{})
 		st.dec.Release()
 		st.routed = false
 		if st.rb.b != nil {
@@ -375,7 +417,11 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 	var buf [8]string
 	exclude := buf[:0]
 	for i, u := range pool {
-		if !u.Available() {
+		h := u.Healthy()
+		if h != rs.healthy[i].Load() {
+			rs.syncHealth(p.m.router, i, h)
+		}
+		if !h || u.Full() {
 			exclude = append(exclude, rs.ids[i]...)
 		}
 	}

@@ -490,7 +490,10 @@ func buildCardView(doc Card, now time.Time) uiCardView {
 			}
 			state = uiVal{V: "unreachable", T: msg}
 		case !r.Available:
-			state = uiVal{V: "unavailable", T: "reachable, marked unavailable by the proxy"}
+			state = uiVal{V: "unavailable", T: "reachable, out: " + strings.Join(r.Out, ", ")}
+		}
+		if !r.Reachable && !r.Available {
+			state.T += " · out: " + strings.Join(r.Out, ", ")
 		}
 		v.Replicas = append(v.Replicas, uiReplicaRow{
 			ID: r.ID,

@@ -70,7 +70,7 @@ func (fr *faultRun) sendTurn(ctx context.Context, c, n int) turnLog {
 	}
 	body, _ := json.Marshal(map[string]any{
 		"model": "qwen3-4b", "max_tokens": 16, "stream": true,
-		"system": []map[string]any{{"type": "text", "text": strings.Repeat("You are a careful coding agent. ", 60)}},
+		"system":   []map[string]any{{"type": "text", "text": strings.Repeat("You are a careful coding agent. ", 60)}},
 		"messages": msgs,
 	})
 	l := turnLog{conv: c, turn: n, start: time.Now()}

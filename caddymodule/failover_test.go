@@ -5,12 +5,18 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	prommodel "github.com/prometheus/common/model"
 
 	"github.com/lmwarden/caddy-lmwarden/emulator"
 )
@@ -401,5 +407,198 @@ func TestHungReplicaMidStage(t *testing.T) {
 		f.outage, f.earlyFails, f.lateFails, f.replaced, f.survivorSticky, f.survivorTurns)
 	if f.earlyFails == 0 {
 		t.Error("no turn went to the hung replica: the stage tested nothing")
+	}
+}
+
+// outMetric reads lm_warden_replica_out{model,replica,cause} and
+// lm_warden_replica_available{model,replica} from the admin /metrics.
+func outMetric(t *testing.T, model, replica string) (available float64, out map[string]float64) {
+	t.Helper()
+	var text string
+	adminJSON(t, "/metrics", &text)
+	parser := expfmt.NewTextParser(prommodel.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(strings.NewReader(text))
+	if err != nil {
+		t.Fatalf("parsing /metrics: %v", err)
+	}
+	labels := func(m *dto.Metric) map[string]string {
+		out := map[string]string{}
+		for _, l := range m.GetLabel() {
+			out[l.GetName()] = l.GetValue()
+		}
+		return out
+	}
+	available = -1
+	for _, m := range fams["lm_warden_replica_available"].GetMetric() {
+		if l := labels(m); l["model"] == model && l["replica"] == replica {
+			available = m.GetGauge().GetValue()
+		}
+	}
+	out = map[string]float64{}
+	for _, m := range fams["lm_warden_replica_out"].GetMetric() {
+		if l := labels(m); l["model"] == model && l["replica"] == replica {
+			out[l["cause"]] = m.GetGauge().GetValue()
+		}
+	}
+	return available, out
+}
+
+// TestCardFollowsHealthCheck: when Caddy's active health check marks an
+// upstream down (here its /metrics hangs past health_timeout while the
+// poll's fail_after is far off), the card's available column, the reason
+// and the metrics follow, no conversation is placed there, and all come
+// back when the check passes again.
+func TestCardFollowsHealthCheck(t *testing.T) {
+	emu, dials := startEmulator(t, 3)
+	loadSite(t, fmt.Sprintf(`
+	lm_warden
+	reverse_proxy %s {
+		lb_policy lm_warden {
+			model health
+			max_num_seqs 32
+			poll_interval 1s
+			fail_after 1000
+		}
+		health_uri /metrics
+		health_interval 100ms
+		health_timeout 300ms
+		health_fails 1
+		health_passes 1
+		flush_interval -1
+	}`, strings.Join(dials, " ")))
+	sick := dials[0]
+	waitFor(t, "every replica available", func() bool {
+		for _, r := range getCard(t, "health").Replicas {
+			if !r.Available {
+				return false
+			}
+		}
+		return len(getCard(t, "health").Replicas) == 3
+	})
+	if err := emu.SetMetricsHang(0, true); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the card to show the replica out for its health check", func() bool {
+		r := cardRow(getCard(t, "health"), sick)
+		return !r.Available && strings.Join(r.Out, ",") == "health check"
+	})
+	if avail, out := outMetric(t, "health", sick); avail != 0 || out["health"] != 1 || out["poll"] != 0 || out["proxy"] != 0 {
+		t.Errorf("metrics while out: available %v, out %v", avail, out)
+	}
+	fr := &faultRun{t: t, url: siteURL, model: "health"}
+	for c := range 12 {
+		if l := fr.sendTurn(context.Background(), c, 1); l.replica == sick || !l.streamed {
+			t.Errorf("conversation %d while the replica is out: %d %s; %s", c, l.status, l.replica, l.reason)
+		}
+	}
+	if err := emu.SetMetricsHang(0, false); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the card to show the replica back", func() bool {
+		r := cardRow(getCard(t, "health"), sick)
+		return r.Available && len(r.Out) == 0
+	})
+	if avail, out := outMetric(t, "health", sick); avail != 1 || out["health"] != 0 {
+		t.Errorf("metrics when back: available %v, out %v", avail, out)
+	}
+	placed := false
+	for c := 100; c < 112 && !placed; c++ {
+		placed = fr.sendTurn(context.Background(), c, 1).replica == sick
+	}
+	if !placed {
+		t.Error("no new conversation placed on the replica back in")
+	}
+}
+
+// TestRetriesGoElsewhere: with lb_retries, a retry never picks a replica the
+// request already failed on, and a replica that failed a dial is avoided by
+// the next placements at once (before any poll can notice).
+func TestRetriesGoElsewhere(t *testing.T) {
+	emu, dials := startEmulator(t, 3)
+	loadSite(t, fmt.Sprintf(`
+	lm_warden
+	reverse_proxy %s {
+		lb_policy lm_warden {
+			model retries
+			max_num_seqs 32
+			poll_interval 1h
+		}
+		lb_retries 2
+		flush_interval -1
+	}`, strings.Join(dials, " ")))
+	fr := &faultRun{t: t, url: siteURL, model: "retries"}
+	// warm up the poller's first round so the polls say nothing more
+	time.Sleep(200 * time.Millisecond)
+	if err := emu.Stop(1); err != nil {
+		t.Fatal(err)
+	}
+	if err := emu.Stop(2); err != nil {
+		t.Fatal(err)
+	}
+	for c := range 20 {
+		l := fr.sendTurn(context.Background(), c, 1)
+		if !l.streamed || l.replica != dials[0] {
+			t.Fatalf("conversation %d: %d %s; %s, want served by the only live replica", c, l.status, l.replica, l.reason)
+		}
+	}
+	c := getCard(t, "retries")
+	var fails uint64
+	for _, d := range dials[1:] {
+		r := cardRow(c, d)
+		fails += r.ProxyFailures
+		if r.ProxyFailures > 0 && (r.Available || !slices.Contains(r.Out, "proxy errors")) {
+			t.Errorf("%s after a failed dial: %+v", d, r)
+		}
+	}
+	// at most one failed dial per dead replica: after it, placements avoid it
+	if fails == 0 {
+		t.Error("no placement tried a stopped replica: the test tested nothing")
+	}
+	if fails > 2 {
+		t.Errorf("%d failed dials to the two stopped replicas, want at most one each", fails)
+	}
+}
+
+// TestAdminWritesAreStrict: admin writes refuse trailing data with 400 and
+// take a valid body of any reasonable size.
+func TestAdminWritesAreStrict(t *testing.T) {
+	fs := startFakes(t, 1)
+	loadSite(t, fmt.Sprintf(`
+	lm_warden
+	reverse_proxy %s {
+		%s
+	}`, dialList(fs), policyBlock("strict", "")))
+	sendTurn(t, "/v1/messages", chatTurn("bound", 1, false), map[string]string{"X-Claude-Code-Session-Id": "bound"})
+	admin := fmt.Sprintf("http://localhost:%d/lm-warden/models/strict", testAdminPort)
+	tests := []struct {
+		name, method, path, body string
+		want                     int
+	}{
+		{"trailing garbage", http.MethodPut, "/affinity", `{"affinity":true}garbage`, 400},
+		{"second value", http.MethodPut, "/affinity", `{"affinity":true} {"affinity":false}`, 400},
+		{"trailing garbage, POST", http.MethodPost, "/affinity", `{"affinity":false}]`, 400},
+		{"not an object", http.MethodPut, "/affinity", `true`, 400},
+		{"missing field", http.MethodPut, "/affinity", `{}`, 400},
+		{"empty", http.MethodPut, "/affinity", ``, 400},
+		{"too large", http.MethodPut, "/affinity", `{"affinity":true}` + strings.Repeat(" ", maxAdminBody), 413},
+		{"valid, padded past 4 KB", http.MethodPut, "/affinity", `{"affinity":true,"note":"` + strings.Repeat("x", 8000) + `"}` + "\n", 200},
+		{"valid, trailing white space", http.MethodPut, "/affinity", "{\"affinity\":true}\n\t ", 200},
+		{"unbind with a body", http.MethodDelete, "/sessions/bound", `garbage`, 400},
+		{"unbind", http.MethodDelete, "/sessions/bound", ``, 200},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			req, _ := http.NewRequest(tt.method, admin+tt.path, strings.NewReader(tt.body))
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := testClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != tt.want {
+				t.Fatalf("%s %s: %d %s, want %d", tt.method, tt.path, resp.StatusCode, b, tt.want)
+			}
+		})
 	}
 }

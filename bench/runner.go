@@ -40,6 +40,10 @@ type HTTPConfig struct {
 	Drain time.Duration
 	// Progress receives a live progress line (nil: none).
 	Progress io.Writer
+	// OnStage, when set, runs beside every stage from its start; its
+	// context ends with the stage, and the stage waits for it to return
+	// (a fault injected with it is lifted before the next stage).
+	OnStage func(ctx context.Context)
 }
 
 type httpRun struct {
@@ -135,6 +139,13 @@ func (r *httpRun) stage(ctx context.Context, mode string, n int) Stage {
 	r.mu.Unlock()
 
 	var wg sync.WaitGroup
+	if r.cfg.OnStage != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.cfg.OnStage(sctx)
+		}()
+	}
 	for i := range n {
 		wg.Add(1)
 		go func() {

@@ -146,6 +146,20 @@ func (fr *faultRun) turns() []turnLog {
 	return append([]turnLog(nil), fr.log...)
 }
 
+// busiest returns the index of the replica holding the most conversations,
+// so the fault hits conversations that come back.
+func busiest(t *testing.T, model string, dials []string) int {
+	t.Helper()
+	c := getCard(t, model)
+	best, most := 0, -1
+	for i, d := range dials {
+		if n := cardRow(c, d).Bindings; n > most {
+			best, most = i, n
+		}
+	}
+	return best
+}
+
 // watchOut records when the card first shows replica out (not available)
 // and when it first shows it back after that.
 type outWatch struct {
@@ -304,13 +318,18 @@ func TestKilledReplicaMidStage(t *testing.T) {
 	fr := &faultRun{t: t, url: siteURL, model: "killed"}
 	stop, stopWatch := make(chan struct{}), make(chan struct{})
 	defer close(stopWatch)
-	w := watchCard(t, "killed", dials[1], stopWatch)
 	done := make(chan struct{})
 	go func() { fr.run(8, stop); close(done) }()
+	var stopOnce sync.Once
+	end := func() { stopOnce.Do(func() { close(stop) }); <-done }
+	defer end() // also when the test fails early: no client outlives it
 
 	time.Sleep(3 * time.Second)
+	dead := busiest(t, "killed", dials)
+	w := watchCard(t, "killed", dials[dead], stopWatch)
+	time.Sleep(50 * time.Millisecond)
 	tKill := time.Now()
-	if err := emu.Stop(1); err != nil {
+	if err := emu.Stop(dead); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(5 * time.Second)
@@ -320,10 +339,15 @@ func TestKilledReplicaMidStage(t *testing.T) {
 	}
 	t.Logf("shown out %v after the kill, for %v", tOut.Sub(tKill), cause)
 	tRestart := time.Now()
-	if err := emu.Restart(1); err != nil {
+	if err := emu.Restart(dead); err != nil {
 		t.Fatal(err)
 	}
 	var tBack time.Time
+	defer func() {
+		if t.Failed() {
+			t.Logf("row of the killed replica at the end: %+v", cardRow(getCard(t, "killed"), dials[dead]))
+		}
+	}()
 	waitFor(t, "the restarted replica back in placement", func() bool {
 		_, in, _ := w.times()
 		tBack = in
@@ -341,17 +365,17 @@ func TestKilledReplicaMidStage(t *testing.T) {
 	for !placedAgain && time.Now().Before(deadline) {
 		time.Sleep(100 * time.Millisecond)
 		for _, l := range fr.turns() {
-			if l.start.After(tBack) && l.replica == dials[1] && l.reason == "placed" && l.streamed {
+			if l.start.After(tBack) && l.replica == dials[dead] && l.reason == "placed" && l.streamed {
 				placedAgain = true
 			}
 		}
 	}
-	close(stop)
-	<-done
+	end()
 	if !placedAgain {
 		t.Error("no new conversation placed on the restarted replica")
 	}
-	f := checkFaultStage(t, fr.turns(), dials[1], tKill, tOut, tBack, poll, 3*time.Second, 0.02)
+	// turns may go to it again from its restart on
+	f := checkFaultStage(t, fr.turns(), dials[dead], tKill, tOut, tRestart, poll, 3*time.Second, 0.02)
 	t.Logf("outage turns %d, failed before streaming %d (late %d), re-placed %d, survivors sticky %d/%d",
 		f.outage, f.earlyFails, f.lateFails, f.replaced, f.survivorSticky, f.survivorTurns)
 	if f.replaced == 0 {
@@ -373,13 +397,18 @@ func TestHungReplicaMidStage(t *testing.T) {
 	fr := &faultRun{t: t, url: siteURL, model: "hung"}
 	stop, stopWatch := make(chan struct{}), make(chan struct{})
 	defer close(stopWatch)
-	w := watchCard(t, "hung", dials[2], stopWatch)
 	done := make(chan struct{})
 	go func() { fr.run(8, stop); close(done) }()
+	var stopOnce sync.Once
+	end := func() { stopOnce.Do(func() { close(stop) }); <-done }
+	defer end() // also when the test fails early: no client outlives it
 
 	time.Sleep(3 * time.Second)
+	hung := busiest(t, "hung", dials)
+	w := watchCard(t, "hung", dials[hung], stopWatch)
+	time.Sleep(50 * time.Millisecond)
 	tHang := time.Now()
-	if err := emu.SetRequestsHang(2, true); err != nil {
+	if err := emu.SetRequestsHang(hung, true); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(6 * time.Second)
@@ -388,12 +417,11 @@ func TestHungReplicaMidStage(t *testing.T) {
 		t.Fatal("the card never showed the hung replica out")
 	}
 	t.Logf("shown out %v after the hang, for %v", tOut.Sub(tHang), cause)
-	if err := emu.SetRequestsHang(2, false); err != nil {
+	if err := emu.SetRequestsHang(hung, false); err != nil {
 		t.Fatal(err)
 	}
 	tClear := time.Now()
-	close(stop)
-	<-done
+	end()
 	log := fr.turns()
 	var stage []turnLog
 	for _, l := range log {
@@ -402,7 +430,7 @@ func TestHungReplicaMidStage(t *testing.T) {
 		}
 	}
 	// exposure: the turns sent before the first timeout came back
-	f := checkFaultStage(t, stage, dials[2], tHang, tOut, time.Time{}, rht+200*time.Millisecond, rht+time.Second, 0)
+	f := checkFaultStage(t, stage, dials[hung], tHang, tOut, time.Time{}, rht+200*time.Millisecond, rht+time.Second, 0)
 	t.Logf("hang turns %d, failed before streaming %d (late %d), re-placed %d, survivors sticky %d/%d",
 		f.outage, f.earlyFails, f.lateFails, f.replaced, f.survivorSticky, f.survivorTurns)
 	if f.earlyFails == 0 {

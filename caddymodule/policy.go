@@ -97,6 +97,13 @@ type Policy struct {
 	// its polled numbers are ignored. Default 3.
 	FailAfter int `json:"fail_after,omitempty"`
 
+	// How long a replica stays out of placement after a request to it
+	// failed (no connection, no response headers within the transport's
+	// response_header_timeout, a 5xx answer, a stream cut); doubled for
+	// each further failure without a success between, up to 1m or 12 times
+	// this, whichever is longer. Default 5s.
+	FailCooldown caddy.Duration `json:"fail_cooldown,omitempty"`
+
 	// Path of the replicas' Prometheus metrics. Default /metrics.
 	MetricsPath string `json:"metrics_path,omitempty"`
 
@@ -136,13 +143,15 @@ func (*Policy) CaddyModule() caddy.ModuleInfo {
 
 func (p *Policy) routerConfig() placement.Config {
 	return placement.Config{
-		AffinityOff:    p.Affinity != nil && !*p.Affinity,
-		MaxNumSeqs:     p.MaxNumSeqs,
-		SpillThreshold: p.SpillThreshold,
-		SpillWaiting:   p.SpillWaiting,
-		IdleTTL:        time.Duration(p.IdleTTL),
-		ActiveWindow:   time.Duration(p.ActiveWindow),
-		MaxBindings:    p.MaxSessions,
+		AffinityOff:     p.Affinity != nil && !*p.Affinity,
+		MaxNumSeqs:      p.MaxNumSeqs,
+		SpillThreshold:  p.SpillThreshold,
+		SpillWaiting:    p.SpillWaiting,
+		IdleTTL:         time.Duration(p.IdleTTL),
+		ActiveWindow:    time.Duration(p.ActiveWindow),
+		MaxBindings:     p.MaxSessions,
+		FailCooldown:    time.Duration(p.FailCooldown),
+		MaxFailCooldown: max(placement.DefaultMaxFailCooldown, 12*time.Duration(p.FailCooldown)),
 	}
 }
 
@@ -225,6 +234,8 @@ func (p *Policy) Validate() error {
 		return fmt.Errorf("lm_warden %s: spill_threshold must not be negative", p.Model)
 	case p.SpillWaiting < 0:
 		return fmt.Errorf("lm_warden %s: spill_waiting must not be negative", p.Model)
+	case p.FailCooldown < 0:
+		return fmt.Errorf("lm_warden %s: fail_cooldown must not be negative", p.Model)
 	case p.MaxNumSeqs < 0, p.MaxSessions < 0, p.FailAfter < 0, p.DataParallelSize < 0:
 		return fmt.Errorf("lm_warden %s: counts must not be negative", p.Model)
 	case p.PollScheme != "" && p.PollScheme != "http" && p.PollScheme != "https":

@@ -639,7 +639,7 @@ func TestRetryAfterAnAnswerResendsTheWholeBody(t *testing.T) {
 		lb_retry_match {
 			expression `+"`{rp.status_code} == 503`"+`
 		}
-	}`, busy, echo, policyBlock("retry", "client_pin_header X-Pin")))
+	}`, busy, echo, policyBlock("retry", "client_pin_header X-Pin\n fail_cooldown 1ms")))
 	for _, tc := range []struct {
 		name string
 		hdr  map[string]string

@@ -183,8 +183,8 @@ func (r *httpRun) stage(ctx context.Context, mode string, n int) Stage {
 		st.Policy = r.cfg.Policy(mode)
 	}
 	if r.cfg.Progress != nil {
-		fmt.Fprintf(r.cfg.Progress, "\r%-22s done: %d requests, %d errors, %s tok/min, TTFB p50 %ss p95 %ss, prefix hits %s%%, stayed %s%%\n",
-			label, st.Requests, st.Errors, fnum(st.OutputTokensPerMin, 0), fsec(st.TTFBP50S), fsec(st.TTFBP95S), fnum(st.PrefixHitPct, 1), fnum(st.StayedPct, 1))
+		fmt.Fprintf(r.cfg.Progress, "\r%-22s done: %d requests, %d errors (%d before the first token), %s tok/min, TTFB p50 %ss p95 %ss, prefix hits %s%%, stayed %s%%\n",
+			label, st.Requests, st.Errors, st.ErrorsBeforeFirstToken, fnum(st.OutputTokensPerMin, 0), fsec(st.TTFBP50S), fsec(st.TTFBP95S), fnum(st.PrefixHitPct, 1), fnum(st.StayedPct, 1))
 	}
 	return st
 }

@@ -475,7 +475,8 @@ func (pb *prefixBody) Close() error { return pb.body.Close() }
 type responseWatcher struct {
 	caddyhttp.ResponseWriterWrapper
 	ctx         context.Context // the request's: done when the client has gone
-	reported    bool            // the replica's success or failure was reported
+	answered    bool            // the replica's answer was reported a success
+	failReport  bool            // the request's failure was reported
 	st          *routeState
 	parser      *vllmstats.UsageParser
 	measure     bool
@@ -498,13 +499,13 @@ func (rw *responseWatcher) WriteHeader(status int) {
 	}
 	rw.wroteHeader = true
 	rw.status = status
-	if rw.st.routed && !rw.reported {
+	if rw.st.routed && !rw.answered {
 		// the replica answered: a 5xx is its failure, anything else ends
-		// its run of failures
+		// its run of failures (a stream it cuts later is still one)
 		if status >= 500 {
 			rw.failed()
 		} else {
-			rw.reported = true
+			rw.answered = true
 			rw.st.dec.Succeeded()
 		}
 	}
@@ -529,10 +530,10 @@ func (rw *responseWatcher) WriteHeader(status int) {
 // failed reports the request's failure at its replica, once, unless the
 // client went away first (then the replica is not to blame).
 func (rw *responseWatcher) failed() {
-	if rw.reported || rw.st == nil || !rw.st.routed || (rw.ctx != nil && rw.ctx.Err() != nil) {
+	if rw.failReport || rw.st == nil || !rw.st.routed || (rw.ctx != nil && rw.ctx.Err() != nil) {
 		return
 	}
-	rw.reported = true
+	rw.failReport = true
 	rw.st.dec.Failed(time.Time{})
 }
 

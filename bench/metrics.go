@@ -67,6 +67,9 @@ type Stage struct {
 	StayedPct        float64 `json:"stayed_pct"`
 	Requests         int     `json:"requests"`
 	Errors           int     `json:"errors"`
+	// ErrorsBeforeFirstToken are the errors of turns that failed before
+	// their first token (the others broke mid-stream).
+	ErrorsBeforeFirstToken int `json:"errors_before_first_token"`
 }
 
 // Measure computes a stage's numbers from the turns and polls of a run,
@@ -99,6 +102,9 @@ func Measure(turns []TurnRecord, polls []Poll, w Window) Stage {
 		st.Requests++
 		if t.Err {
 			st.Errors++
+			if t.FirstToken == 0 {
+				st.ErrorsBeforeFirstToken++
+			}
 			continue
 		}
 		outTokens += t.Output

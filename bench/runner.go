@@ -44,6 +44,10 @@ type HTTPConfig struct {
 	// holds readable lines.
 	Progress     io.Writer
 	LiveProgress bool
+	// OnStage, when set, runs beside every stage from its start; its
+	// context ends with the stage, and the stage waits for it to return
+	// (a fault injected with it is lifted before the next stage).
+	OnStage func(ctx context.Context)
 }
 
 // PlainProgressEvery is how often a stage's progress is written as a plain
@@ -145,6 +149,13 @@ func (r *httpRun) stage(ctx context.Context, mode string, n int) Stage {
 	r.mu.Unlock()
 
 	var wg sync.WaitGroup
+	if r.cfg.OnStage != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.cfg.OnStage(sctx)
+		}()
+	}
 	for i := range n {
 		wg.Add(1)
 		go func() {
@@ -189,8 +200,8 @@ func (r *httpRun) stage(ctx context.Context, mode string, n int) Stage {
 		if r.cfg.LiveProgress {
 			lead = "\r"
 		}
-		fmt.Fprintf(r.cfg.Progress, "%s%-22s done: %d requests, %d errors, %s tok/min, TTFB p50 %ss p95 %ss, prefix hits %s, stayed %s%%\n",
-			lead, label, st.Requests, st.Errors, fnum(st.OutputTokensPerMin, 0), fsec(st.TTFBP50S), fsec(st.TTFBP95S), hits, fnum(st.StayedPct, 1))
+		fmt.Fprintf(r.cfg.Progress, "%s%-22s done: %d requests, %d errors (%d before the first token), %s tok/min, TTFB p50 %ss p95 %ss, prefix hits %s, stayed %s%%\n",
+			lead, label, st.Requests, st.Errors, st.ErrorsBeforeFirstToken, fnum(st.OutputTokensPerMin, 0), fsec(st.TTFBP50S), fsec(st.TTFBP95S), hits, fnum(st.StayedPct, 1))
 	}
 	return st
 }

@@ -192,8 +192,8 @@ func (a adminAPI) handleModel(w http.ResponseWriter, r *http.Request) error {
 		var body struct {
 			Affinity *bool `json:"affinity"`
 		}
-		if err := json.NewDecoder(io.LimitReader(r.Body, 4096)).Decode(&body); err != nil {
-			return apiErr(http.StatusBadRequest, "decoding body: %v", err)
+		if err := decodeAdminBody(r, &body); err != nil {
+			return err
 		}
 		if body.Affinity == nil {
 			return apiErr(http.StatusBadRequest, `body must be {"affinity":true|false}`)
@@ -208,12 +208,64 @@ func (a adminAPI) handleModel(w http.ResponseWriter, r *http.Request) error {
 		if err != nil || key == "" {
 			return apiErr(http.StatusBadRequest, "bad session key")
 		}
+		if err := noAdminBody(r); err != nil {
+			return err
+		}
 		if !m.router.Unbind(key) {
 			return apiErr(http.StatusNotFound, "session %q is not bound", key)
 		}
 		return writeJSON(w, map[string]bool{"unbound": true})
 	}
 	return apiErr(http.StatusNotFound, "not found: %s", r.URL.Path)
+}
+
+// maxAdminBody bounds the body of an admin write. Writes are small JSON
+// objects; the bound only keeps a runaway client from filling memory.
+const maxAdminBody = 1 << 20
+
+// decodeAdminBody decodes the request's body, one JSON value and nothing
+// after it but white space, into v. A body that is not exactly that gets
+// 400, one over maxAdminBody 413; v's fields not in the body keep their
+// values.
+func decodeAdminBody(r *http.Request, v any) error {
+	body, err := readAdminBody(r)
+	if err != nil {
+		return err
+	}
+	dec := json.NewDecoder(strings.NewReader(body))
+	if err := dec.Decode(v); err != nil {
+		return apiErr(http.StatusBadRequest, "decoding body: %v", err)
+	}
+	if off := dec.InputOffset(); strings.TrimSpace(body[off:]) != "" {
+		return apiErr(http.StatusBadRequest, "decoding body: unexpected data after the JSON value at byte %d", off)
+	}
+	return nil
+}
+
+// noAdminBody refuses a body on a write that takes none.
+func noAdminBody(r *http.Request) error {
+	body, err := readAdminBody(r)
+	if err != nil {
+		return err
+	}
+	if strings.TrimSpace(body) != "" {
+		return apiErr(http.StatusBadRequest, "this request takes no body")
+	}
+	return nil
+}
+
+func readAdminBody(r *http.Request) (string, error) {
+	if r.Body == nil {
+		return "", nil
+	}
+	b, err := io.ReadAll(io.LimitReader(r.Body, maxAdminBody+1))
+	if err != nil {
+		return "", apiErr(http.StatusBadRequest, "reading body: %v", err)
+	}
+	if len(b) > maxAdminBody {
+		return "", apiErr(http.StatusRequestEntityTooLarge, "body larger than %d bytes", maxAdminBody)
+	}
+	return string(b), nil
 }
 
 // Card is the routing card of a model (GET /lm-warden/models/{model}).
@@ -235,8 +287,16 @@ type Card struct {
 
 // ReplicaRow is one replica's row of the card.
 type ReplicaRow struct {
-	ID               string     `json:"id"`
-	Available        bool       `json:"available"`
+	ID        string `json:"id"`
+	Available bool   `json:"available"`
+	// Out says why the replica is not available: "poll failure", "proxy
+	// errors", "health check", "unavailable"; empty when it is.
+	Out []string `json:"out"`
+	// CooldownUntil is when its proxy-error cool-down ends, if one runs.
+	CooldownUntil *time.Time `json:"cooldown_until"`
+	// ProxyFailures counts requests that failed at the replica (no
+	// connection, no response headers in time, 5xx, stream cut).
+	ProxyFailures    uint64     `json:"proxy_failures"`
 	Reachable        bool       `json:"reachable"`
 	LastError        string     `json:"last_error"`
 	LastSeen         *time.Time `json:"last_seen"`
@@ -283,10 +343,17 @@ func buildCard(m *modelState, now time.Time) Card {
 	}
 	for _, r := range s.Replicas {
 		row := ReplicaRow{
-			ID: r.ID, Available: r.Available, Held: r.InFlight,
+			ID: r.ID, Available: r.Available, Out: r.Out.Names(), ProxyFailures: r.ProxyFailures, Held: r.InFlight,
 			Sticky: r.Sticky, StayedOverloaded: r.StayedOverloaded, Placed: r.Placed,
 			SpillAccepted: r.SpillAccepted, ClientPinned: r.ClientPinned, Replaced: r.Replaced,
 			AffinityOff: r.AffinityOff, NoKey: r.NoKey, Bindings: r.Bindings, Active: r.Active,
+		}
+		if row.Out == nil {
+			row.Out = []string{}
+		}
+		if !r.CooldownUntil.IsZero() {
+			t := r.CooldownUntil.UTC()
+			row.CooldownUntil = &t
 		}
 		if st, ok := ps.Replica(r.ID); ok {
 			row.Reachable = st.Reachable

@@ -105,6 +105,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 //	    poll_interval      <duration>
 //	    poll_timeout       <duration>
 //	    fail_after         <n>
+//	    fail_cooldown      <duration>
 //	    metrics_path       <path>
 //	    poll_scheme        http|https
 //	    data_parallel_size <n>
@@ -195,7 +196,7 @@ func (p *Policy) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			default:
 				p.DataParallelSize = n
 			}
-		case "idle_ttl", "active_window", "poll_interval", "poll_timeout":
+		case "idle_ttl", "active_window", "poll_interval", "poll_timeout", "fail_cooldown":
 			var v string
 			if !d.AllArgs(&v) {
 				return d.ArgErr()
@@ -211,6 +212,8 @@ func (p *Policy) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				p.ActiveWindow = caddy.Duration(dur)
 			case "poll_interval":
 				p.PollInterval = caddy.Duration(dur)
+			case "fail_cooldown":
+				p.FailCooldown = caddy.Duration(dur)
 			default:
 				p.PollTimeout = caddy.Duration(dur)
 			}

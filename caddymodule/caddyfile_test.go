@@ -31,6 +31,7 @@ func TestPolicyCaddyfile(t *testing.T) {
 			poll_interval 2s
 			poll_timeout 1500ms
 			fail_after 4
+			fail_cooldown 2s
 			metrics_path /prom
 			poll_scheme https
 			data_parallel_size 4
@@ -40,7 +41,7 @@ func TestPolicyCaddyfile(t *testing.T) {
 			Model: "qwen3-4b", Affinity: ptr(false), SpillThreshold: 8, SpillWaiting: 2, MaxNumSeqs: 32,
 			IdleTTL: caddy.Duration(time.Hour), ActiveWindow: caddy.Duration(10 * time.Minute),
 			MaxSessions: 5000, PollInterval: caddy.Duration(2 * time.Second),
-			PollTimeout: caddy.Duration(1500 * time.Millisecond), FailAfter: 4, MetricsPath: "/prom",
+			PollTimeout: caddy.Duration(1500 * time.Millisecond), FailAfter: 4, FailCooldown: caddy.Duration(2 * time.Second), MetricsPath: "/prom",
 			PollScheme: "https", DataParallelSize: 4, ClientPinHeader: "X-LM-Warden-Replica", RouteHeader: ptr(false),
 		}, false},
 		{"spill auto", `lm_warden {

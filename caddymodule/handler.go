@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -222,11 +223,17 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	rw := watcherPool.Get().(*responseWatcher)
 	rw.ResponseWriter, rw.st = w, st
 	rw.measure = r.Method == http.MethodPost && !strings.HasSuffix(r.URL.Path, "/count_tokens")
+	rw.ctx = r.Context()
 	defer h.finish(rw)
 
 	err := next.ServeHTTP(rw, r)
 	if err != nil && !rw.wroteHeader {
 		var herr caddyhttp.HandlerError
+		if errors.As(err, &herr) && (herr.StatusCode == http.StatusBadGateway || herr.StatusCode == http.StatusGatewayTimeout) {
+			// the replica chosen last could not be reached, or sent no
+			// response headers in time (response_header_timeout)
+			rw.failed()
+		}
 		if errors.As(err, &herr) && (herr.StatusCode == http.StatusServiceUnavailable || herr.StatusCode == http.StatusBadGateway || herr.StatusCode == http.StatusGatewayTimeout) {
 			writeAPIError(rw, st.api, herr.StatusCode, noReplicaMessage(st, herr.StatusCode))
 			if h.logger != nil {
@@ -260,7 +267,16 @@ func noReplicaMessage(st *routeState, status int) string {
 // finish runs when the response has ended, however it ended (normally, client
 // gone, upstream error, panic): it records the tokens the replica reported
 // and frees the in-flight slot.
+//
+// A stream the replica cut after its headers (the proxy then aborts the
+// response with http.ErrAbortHandler) is reported as the replica's failure
+// before the panic goes on.
 func (h *Handler) finish(rw *responseWatcher) {
+	v := recover()
+	if v != nil {
+		rw.failed()
+		defer panic(v)
+	}
 	st := rw.st
 	if st.routed {
 		st.dec.Release()
@@ -458,6 +474,9 @@ func (pb *prefixBody) Close() error { return pb.body.Close() }
 // taken per request and put back when the handler returns.
 type responseWatcher struct {
 	caddyhttp.ResponseWriterWrapper
+	ctx         context.Context // the request's: done when the client has gone
+	answered    bool            // the replica's answer was reported a success
+	failReport  bool            // the request's failure was reported
 	st          *routeState
 	parser      *vllmstats.UsageParser
 	measure     bool
@@ -480,6 +499,16 @@ func (rw *responseWatcher) WriteHeader(status int) {
 	}
 	rw.wroteHeader = true
 	rw.status = status
+	if rw.st.routed && !rw.answered {
+		// the replica answered: a 5xx is its failure, anything else ends
+		// its run of failures (a stream it cuts later is still one)
+		if status >= 500 {
+			rw.failed()
+		} else {
+			rw.answered = true
+			rw.st.dec.Succeeded()
+		}
+	}
 	rw.encoded = rw.Header().Get("Content-Encoding") != ""
 	if rw.measure && rw.st.routed && status >= 200 && status < 300 {
 		h := rw.Header()
@@ -496,6 +525,16 @@ func (rw *responseWatcher) WriteHeader(status int) {
 		}
 	}
 	rw.ResponseWriterWrapper.WriteHeader(status)
+}
+
+// failed reports the request's failure at its replica, once, unless the
+// client went away first (then the replica is not to blame).
+func (rw *responseWatcher) failed() {
+	if rw.failReport || rw.st == nil || !rw.st.routed || (rw.ctx != nil && rw.ctx.Err() != nil) {
+		return
+	}
+	rw.failReport = true
+	rw.st.dec.Failed(time.Time{})
 }
 
 // Write passes b through and parses a copy.

@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"crypto/sha256"
 	"encoding/hex"
 	"net/http"
 	"net/textproto"
@@ -30,7 +31,9 @@ const (
 	// started a sub-agent; absent, the parent is the main conversation.
 	DefaultParentAgentHeader = "X-Claude-Code-Parent-Agent-Id"
 
-	// maxKeyLen bounds a key taken from a header or body field.
+	// maxKeyLen bounds a key taken from a header or body field, and a model
+	// name. A longer key is kept as its start and a digest of all of it
+	// (compactKey): conversations whose keys differ anywhere stay apart.
 	maxKeyLen = 256
 
 	fingerprintPrefix = "fp:"
@@ -71,7 +74,7 @@ func (ke *keyExtractor) fromHeaders(h http.Header) (key, parent string) {
 		if len(v) == 0 || v[0] == "" {
 			continue
 		}
-		key = clip(strings.TrimSpace(v[0]))
+		key = compactKey(strings.TrimSpace(v[0]))
 		if key == "" {
 			continue
 		}
@@ -87,10 +90,32 @@ func (ke *keyExtractor) fromHeaders(h http.Header) (key, parent string) {
 	parent = key
 	if ke.parentAgent != "" {
 		if pa := h[ke.parentAgent]; len(pa) > 0 && pa[0] != "" {
-			parent = key + "/" + clip(pa[0])
+			parent = key + "/" + compactKey(pa[0])
 		}
 	}
-	return key + "/" + clip(agent[0]), parent
+	return key + "/" + compactKey(agent[0]), parent
+}
+
+// keyDigestLen is the length of the hex digest that ends a compacted key.
+const keyDigestLen = 40
+
+// compactKey returns s when it is at most maxKeyLen bytes long, else a key of
+// exactly maxKeyLen bytes made of s's start, "~" and a SHA-256 digest (160
+// bits, hex) of the whole of s: keys that differ only past the start get
+// different bindings, and what is kept per request (and logged) stays small.
+func compactKey(s string) string {
+	if len(s) <= maxKeyLen {
+		return s
+	}
+	sum := sha256.Sum256([]byte(s))
+	var b strings.Builder
+	b.Grow(maxKeyLen)
+	b.WriteString(s[:maxKeyLen-1-keyDigestLen])
+	b.WriteByte('~')
+	var hx [keyDigestLen]byte
+	hex.Encode(hx[:], sum[:keyDigestLen/2])
+	b.Write(hx[:])
+	return b.String()
 }
 
 func clip(s string) string {
@@ -126,17 +151,17 @@ func sessionFromBody(body string) string {
 		s := uid.Str
 		if i := strings.LastIndex(s, "_session_"); i >= 0 {
 			if v := s[i+len("_session_"):]; v != "" {
-				return strings.Clone(clip(v))
+				return strings.Clone(compactKey(v))
 			}
 		}
 		if t := strings.TrimSpace(s); strings.HasPrefix(t, "{") {
 			if v := gjson.Get(t, "session_id"); v.Type == gjson.String && v.Str != "" {
-				return strings.Clone(clip(v.Str))
+				return strings.Clone(compactKey(v.Str))
 			}
 		}
 	}
 	if v := meta.Get("session_id"); v.Type == gjson.String && v.Str != "" {
-		return strings.Clone(clip(v.Str))
+		return strings.Clone(compactKey(v.Str))
 	}
 	return ""
 }

@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/tidwall/gjson"
+
+	"github.com/lmwarden/caddy-lmwarden/placement"
 )
 
 func TestFromHeaders(t *testing.T) {
@@ -41,12 +43,65 @@ func TestFromHeaders(t *testing.T) {
 	}
 }
 
-func TestFromHeadersClipsLongValues(t *testing.T) {
-	h := http.Header{}
-	h.Set("X-Session-Id", strings.Repeat("x", 1000))
-	key, _ := defaultKeyExtractor.fromHeaders(h)
-	if len(key) != maxKeyLen {
-		t.Fatalf("key length %d, want %d", len(key), maxKeyLen)
+// Keys longer than maxKeyLen are kept compact, but the whole key decides the
+// binding: two keys differing only in their last byte are two conversations.
+func TestLongKeysDifferingAtTheEnd(t *testing.T) {
+	long := strings.Repeat("x", 1000)
+	tests := []struct {
+		name string
+		key  func(tail string) string
+	}{
+		{"header", func(tail string) string {
+			h := http.Header{}
+			h.Set("X-Session-Id", long+tail)
+			k, _ := defaultKeyExtractor.fromHeaders(h)
+			return k
+		}},
+		{"agent header", func(tail string) string {
+			h := http.Header{}
+			h.Set("X-Session-Id", "s")
+			h.Set("X-Claude-Code-Agent-Id", long+tail)
+			k, _ := defaultKeyExtractor.fromHeaders(h)
+			return k
+		}},
+		{"body session_id", func(tail string) string {
+			return sessionFromBody(`{"metadata":{"session_id":"` + long + tail + `"}}`)
+		}},
+		{"body user_id", func(tail string) string {
+			return sessionFromBody(`{"metadata":{"user_id":"user_a_account_b_session_` + long + tail + `"}}`)
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a, b := tt.key("a"), tt.key("b")
+			if a == b {
+				t.Fatalf("keys differing at byte 1001 collapsed to %q", a)
+			}
+			if len(a) > maxKeyLen+2 || len(b) > maxKeyLen+2 { // +"s/" for the agent form
+				t.Fatalf("key lengths %d, %d: not compact", len(a), len(b))
+			}
+			if tt.key("a") != a {
+				t.Fatal("compact key not deterministic")
+			}
+			r := placement.NewRouter(placement.Config{})
+			r.SetReplicas([]string{"r0", "r1"})
+			for _, k := range []string{a, b} {
+				d, err := r.Route(placement.Request{Key: k})
+				if err != nil {
+					t.Fatal(err)
+				}
+				d.Release()
+			}
+			if r.Len() != 2 {
+				t.Fatalf("%d bindings for two conversations", r.Len())
+			}
+		})
+	}
+	if k := compactKey("short"); k != "short" {
+		t.Fatalf("short key changed: %q", k)
+	}
+	if k := compactKey(strings.Repeat("y", maxKeyLen)); len(k) != maxKeyLen || strings.Contains(k, "~") {
+		t.Fatal("a key of exactly maxKeyLen bytes must stay as it is")
 	}
 }
 

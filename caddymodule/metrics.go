@@ -6,6 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/lmwarden/caddy-lmwarden/placement"
 	"github.com/lmwarden/caddy-lmwarden/vllmstats"
 )
 
@@ -56,13 +57,33 @@ var (
 	descPollErrors = prometheus.NewDesc("lm_warden_poll_errors_total",
 		"Failed polls of the replica's metrics.",
 		[]string{"model", "replica"}, nil)
+	descAvailable = prometheus.NewDesc("lm_warden_replica_available",
+		"1 when the replica can be chosen: it is out for no cause.",
+		[]string{"model", "replica"}, nil)
+	descOut = prometheus.NewDesc("lm_warden_replica_out",
+		"1 when the replica is out of placement for the cause: poll (its polls fail), proxy (requests to it failed; cooling down), health (the proxy's health checks), admin (marked unavailable).",
+		[]string{"model", "replica", "cause"}, nil)
+	descProxyFailures = prometheus.NewDesc("lm_warden_proxy_failures_total",
+		"Requests that failed at the replica: no connection, no response headers in time, a 5xx answer or a cut stream.",
+		[]string{"model", "replica"}, nil)
 )
+
+// outCauses are the causes by their metric label.
+var outCauses = [...]struct {
+	c     placement.Cause
+	label string
+}{
+	{placement.CausePoll, "poll"},
+	{placement.CauseProxy, "proxy"},
+	{placement.CauseHealth, "health"},
+	{placement.CauseAdmin, "admin"},
+}
 
 // Describe implements prometheus.Collector.
 func (collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descRequests, descInFlight, descBindings, descReplicaBindings,
 		descPrompt, descGenerated, descUnmeasured, descRunning, descWaiting, descKV, descHit,
-		descReachable, descPollErrors} {
+		descReachable, descPollErrors, descAvailable, descOut, descProxyFailures} {
 		ch <- d
 	}
 }
@@ -96,6 +117,11 @@ func (collector) Collect(ch chan<- prometheus.Metric) {
 			}
 			gauge(descInFlight, float64(r.InFlight), m.name, r.ID)
 			gauge(descReplicaBindings, float64(r.Bindings), m.name, r.ID)
+			gauge(descAvailable, b2f(r.Available), m.name, r.ID)
+			for _, c := range outCauses {
+				gauge(descOut, b2f(r.Out&c.c != 0), m.name, r.ID, c.label)
+			}
+			counter(descProxyFailures, float64(r.ProxyFailures), m.name, r.ID)
 		}
 		for id, t := range m.acct.Totals() {
 			counter(descPrompt, float64(t.Cached), m.name, id, "cached")
@@ -129,6 +155,13 @@ func (collector) Collect(ch chan<- prometheus.Metric) {
 			counter(descPollErrors, float64(n), m.name, id)
 		}
 	}
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 var theCollector collector

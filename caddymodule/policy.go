@@ -98,6 +98,13 @@ type Policy struct {
 	// its polled numbers are ignored. Default 3.
 	FailAfter int `json:"fail_after,omitempty"`
 
+	// How long a replica stays out of placement after a request to it
+	// failed (no connection, no response headers within the transport's
+	// response_header_timeout, a 5xx answer, a stream cut); doubled for
+	// each further failure without a success between, up to 1m or 12 times
+	// this, whichever is longer. Default 5s.
+	FailCooldown caddy.Duration `json:"fail_cooldown,omitempty"`
+
 	// Path of the replicas' Prometheus metrics. Default /metrics.
 	MetricsPath string `json:"metrics_path,omitempty"`
 
@@ -137,13 +144,15 @@ func (*Policy) CaddyModule() caddy.ModuleInfo {
 
 func (p *Policy) routerConfig() placement.Config {
 	return placement.Config{
-		AffinityOff:    p.Affinity != nil && !*p.Affinity,
-		MaxNumSeqs:     p.MaxNumSeqs,
-		SpillThreshold: p.SpillThreshold,
-		SpillWaiting:   p.SpillWaiting,
-		IdleTTL:        time.Duration(p.IdleTTL),
-		ActiveWindow:   time.Duration(p.ActiveWindow),
-		MaxBindings:    p.MaxSessions,
+		AffinityOff:     p.Affinity != nil && !*p.Affinity,
+		MaxNumSeqs:      p.MaxNumSeqs,
+		SpillThreshold:  p.SpillThreshold,
+		SpillWaiting:    p.SpillWaiting,
+		IdleTTL:         time.Duration(p.IdleTTL),
+		ActiveWindow:    time.Duration(p.ActiveWindow),
+		MaxBindings:     p.MaxSessions,
+		FailCooldown:    time.Duration(p.FailCooldown),
+		MaxFailCooldown: max(placement.DefaultMaxFailCooldown, 12*time.Duration(p.FailCooldown)),
 	}
 }
 
@@ -267,6 +276,8 @@ func (p *Policy) Validate() error {
 		return fmt.Errorf("lm_warden %s: spill_threshold must not be negative", p.Model)
 	case p.SpillWaiting < 0:
 		return fmt.Errorf("lm_warden %s: spill_waiting must not be negative", p.Model)
+	case p.FailCooldown < 0:
+		return fmt.Errorf("lm_warden %s: fail_cooldown must not be negative", p.Model)
 	case p.MaxNumSeqs < 0, p.MaxSessions < 0, p.FailAfter < 0, p.DataParallelSize < 0:
 		return fmt.Errorf("lm_warden %s: counts must not be negative", p.Model)
 	case p.PollScheme != "" && p.PollScheme != "http" && p.PollScheme != "https":
@@ -289,9 +300,37 @@ func (p *Policy) Cleanup() error {
 
 // replicaSet maps the upstream pool last seen to replica IDs.
 type replicaSet struct {
-	dials []string
-	ids   [][]string // per upstream: its replica IDs (one, or one per engine)
-	where map[string]pick
+	dials   []string
+	ids     [][]string // per upstream: its replica IDs (one, or one per engine)
+	where   map[string]pick
+	ups     []*reverseproxy.Upstream
+	healthy []atomic.Bool // per upstream: Healthy() as last told to the router
+	hmu     sync.Mutex    // serialises telling the router
+}
+
+// syncHealth tells the router when Caddy's health state of upstream i (its
+// active or passive health checks, its circuit breaker) differs from what it
+// was last told; h is the upstream's Healthy().
+func (rs *replicaSet) syncHealth(router *placement.Router, i int, h bool) {
+	rs.hmu.Lock()
+	defer rs.hmu.Unlock()
+	if rs.healthy[i].Load() == h {
+		return
+	}
+	rs.healthy[i].Store(h)
+	for _, id := range rs.ids[i] {
+		router.SetHealthDown(id, !h)
+	}
+}
+
+// syncAllHealth syncs every upstream's health state; the poll rounds call
+// it, so the card follows the health checks with no traffic.
+func (rs *replicaSet) syncAllHealth(router *placement.Router) {
+	for i, u := range rs.ups {
+		if h := u.Healthy(); h != rs.healthy[i].Load() {
+			rs.syncHealth(router, i, h)
+		}
+	}
 }
 
 type pick struct {
@@ -348,10 +387,13 @@ func (p *Policy) replicas(pool reverseproxy.UpstreamPool) *replicaSet {
 	}
 	ps := p.pollSettings()
 	rs := &replicaSet{
-		dials: make([]string, len(pool)),
-		ids:   make([][]string, len(pool)),
-		where: make(map[string]pick),
+		dials:   make([]string, len(pool)),
+		ids:     make([][]string, len(pool)),
+		where:   make(map[string]pick),
+		ups:     append([]*reverseproxy.Upstream(nil), pool...),
+		healthy: make([]atomic.Bool, len(pool)),
 	}
+
 	var all []string
 	var targets []vllmstats.Target
 	for i, u := range pool {
@@ -374,6 +416,15 @@ func (p *Policy) replicas(pool reverseproxy.UpstreamPool) *replicaSet {
 	}
 	p.m.setTargets(all, targets)
 	p.set.Store(rs)
+	for i, u := range pool {
+		// replicas that stay keep their state in the router: set it anew
+		h := u.Healthy()
+		rs.healthy[i].Store(h)
+		for _, id := range rs.ids[i] {
+			p.m.router.SetHealthDown(id, !h)
+		}
+	}
+	p.m.health.Store(rs)
 	return rs
 }
 
@@ -405,7 +456,9 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 		}
 	}
 	if st.routed {
-		// a previous attempt of this request failed: free its slot
+		// a previous attempt of this request failed (a retry): its replica
+		// failed it, and its slot is freed
+		st.dec.Failed(time.Time{})
 		st.dec.Release()
 		st.routed = false
 		if st.rb.b != nil {
@@ -417,7 +470,11 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 	var buf [8]string
 	exclude := buf[:0]
 	for i, u := range pool {
-		if !u.Available() {
+		h := u.Healthy()
+		if h != rs.healthy[i].Load() {
+			rs.syncHealth(p.m.router, i, h)
+		}
+		if !h || u.Full() {
 			exclude = append(exclude, rs.ids[i]...)
 		}
 	}

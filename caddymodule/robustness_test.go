@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -186,6 +187,10 @@ func TestReplicaDiesMidStream(t *testing.T) {
 	t.Logf("client saw the stream end with %v after %d more bytes", rerr, len(rest))
 
 	waitFor(t, "the slot of the broken stream to be freed", func() bool { return rs.card("middie").InFlight == 0 })
+	// the cut stream is the replica's failure: it is out at once
+	if r := cardRow(rs.card("middie"), replica); r.ProxyFailures != 1 || r.Available || !slices.Contains(r.Out, "proxy errors") {
+		t.Errorf("replica after cutting a stream: proxy failures %d, available %v, out %v", r.ProxyFailures, r.Available, r.Out)
+	}
 	var st Stats
 	rs.getJSON("/lm-warden/models/middie/stats", &st)
 	if tot := st.ReplicaTotals[replica]; tot.Requests != 1 || tot.Unmeasured != 1 {
@@ -616,7 +621,7 @@ func TestRetryAfterAnAnswerResendsTheWholeBody(t *testing.T) {
 		lb_retry_match {
 			expression `+"`{rp.status_code} == 503`"+`
 		}
-	}`, busy, echo, policyBlock("retry", "client_pin_header X-Pin")))
+	}`, busy, echo, policyBlock("retry", "client_pin_header X-Pin\n fail_cooldown 1ms")))
 	for _, tc := range []struct {
 		name string
 		hdr  map[string]string

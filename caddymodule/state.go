@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -78,6 +79,8 @@ type modelState struct {
 	logger    *zap.Logger
 	pollErrs  map[string]uint64 // poll rounds that failed, per present replica
 	lastTaken time.Time
+
+	health atomic.Pointer[replicaSet] // the pool whose health checks feed the router
 }
 
 func newModelState(name string, rcfg placement.Config) *modelState {
@@ -211,6 +214,13 @@ func (m *modelState) onSnapshot(s *vllmstats.Snapshot) {
 	var failed []string
 	for i := range s.Replicas {
 		rs := &s.Replicas[i]
+		// Out once the poll fails fail_after times in a row, or at once when
+		// the connection was refused or reset: nothing listens there, so
+		// every request sent would fail the same way.
+		down := !rs.Reachable || (rs.Failures > 0 && rs.Refused)
+		if m.router.SetPollDown(rs.ID, down) {
+			m.logf(down, rs.ID, rs.LastError)
+		}
 		m.router.UpdateLoad(rs.ID, placement.Load{
 			Running:   int(rs.Metrics.Running),
 			Waiting:   int(rs.Metrics.Waiting),
@@ -226,6 +236,9 @@ func (m *modelState) onSnapshot(s *vllmstats.Snapshot) {
 			// counted below only while the replica is in the pool
 		}
 	}
+	if rs := m.health.Load(); rs != nil {
+		rs.syncAllHealth(m.router)
+	}
 	m.forgetGone(time.Now())
 	m.mu.Lock()
 	if !s.Taken.Equal(m.lastTaken) {
@@ -238,6 +251,19 @@ func (m *modelState) onSnapshot(s *vllmstats.Snapshot) {
 		}
 	}
 	m.mu.Unlock()
+}
+
+// logf logs a replica leaving or rejoining placement over its polls.
+func (m *modelState) logf(down bool, id, lastErr string) {
+	m.mu.Lock()
+	l := m.logger
+	m.mu.Unlock()
+	if down {
+		l.Warn("replica out of placement: its polls fail; its conversations are re-placed on their next turn",
+			zap.String("model", m.name), zap.String("replica", id), zap.String("error", lastErr))
+		return
+	}
+	l.Info("replica back in placement: its polls succeed", zap.String("model", m.name), zap.String("replica", id))
 }
 
 func (m *modelState) pollErrors() map[string]uint64 {

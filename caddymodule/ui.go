@@ -508,8 +508,13 @@ func buildCardView(doc Card, now time.Time) uiCardView {
 				msg += " · last seen " + humanize.RelTime(*r.LastSeen, now, "ago", "from now")
 			}
 			state = uiVal{V: "unreachable", T: msg}
-		case !r.Available:
+		case !r.Available && len(r.Out) == 0:
 			state = uiVal{V: "unavailable", T: "reachable, marked unavailable by the proxy"}
+		case !r.Available:
+			state = uiVal{V: "unavailable", T: "reachable, out: " + strings.Join(r.Out, ", ")}
+		}
+		if !r.Reachable && len(r.Out) > 0 {
+			state.T += " · out: " + strings.Join(r.Out, ", ")
 		}
 		v.Replicas = append(v.Replicas, uiReplicaRow{
 			ID: r.ID,

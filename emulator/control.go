@@ -13,6 +13,8 @@ type ReplicaStatus struct {
 	Stopped bool   `json:"stopped"`
 	Errors  bool   `json:"errors"`
 	Hang    bool   `json:"metrics_hang"`
+	// RequestsHang: generation requests are accepted and never answered.
+	RequestsHang bool `json:"requests_hang"`
 }
 
 // Status lists the replicas and their faults.
@@ -21,7 +23,7 @@ func (s *Server) Status() []ReplicaStatus {
 	for i, rep := range s.replicas {
 		rep.mu.Lock()
 		out[i] = ReplicaStatus{Index: i, URL: "http://" + rep.addr, Engines: len(rep.runners),
-			Stopped: rep.stopped, Errors: rep.errors.Load(), Hang: rep.hang != nil}
+			Stopped: rep.stopped, Errors: rep.errors.Load(), Hang: rep.hang != nil, RequestsHang: rep.reqHang != nil}
 		rep.mu.Unlock()
 	}
 	return out
@@ -33,6 +35,7 @@ func (s *Server) Status() []ReplicaStatus {
 //	POST /replicas/{i}/stop | /restart
 //	POST /replicas/{i}/errors?on=true|false
 //	POST /replicas/{i}/metrics-hang?on=true|false
+//	POST /replicas/{i}/requests-hang?on=true|false  (accept, never answer)
 //	POST /engines/{i}/slow?factor=F           (1 = normal)
 func (s *Server) ControlHandler() http.Handler {
 	mux := http.NewServeMux()
@@ -55,6 +58,8 @@ func (s *Server) ControlHandler() http.Handler {
 			err = s.SetErrors(i, on)
 		case "metrics-hang":
 			err = s.SetMetricsHang(i, on)
+		case "requests-hang":
+			err = s.SetRequestsHang(i, on)
 		default:
 			writeJSON(w, http.StatusNotFound, map[string]string{"error": "unknown action " + r.PathValue("action")})
 			return

@@ -76,6 +76,7 @@ type replica struct {
 	ln      net.Listener
 	stopped bool
 	hang    chan struct{} // non-nil while /metrics hangs; closed to release
+	reqHang chan struct{} // non-nil while generation requests hang; closed to release
 
 	errors atomic.Bool
 
@@ -258,6 +259,10 @@ func (rep *replica) stop() {
 		close(rep.hang)
 		rep.hang = nil
 	}
+	if rep.reqHang != nil {
+		close(rep.reqHang)
+		rep.reqHang = nil
+	}
 	if rep.srv != nil {
 		rep.srv.Close()
 		rep.ln.Close() // Serve may not have taken the listener yet
@@ -325,6 +330,48 @@ func (s *Server) SetMetricsHang(i int, on bool) error {
 		rep.hang = nil
 	}
 	return nil
+}
+
+// SetRequestsHang makes replica i accept generation requests and never
+// answer them (no status, no byte) until cleared, while /metrics and
+// /v1/models keep answering. It is what a server whose engine is wedged
+// looks like from outside (an engine core stuck in a collective, a GPU
+// fault the API server does not notice): the process listens, the
+// metrics endpoint is served by the API server, and requests wait forever.
+// A request held this way ends when the fault is cleared (then it is
+// answered with 503) or its client goes away.
+func (s *Server) SetRequestsHang(i int, on bool) error {
+	rep, err := s.replica(i)
+	if err != nil {
+		return err
+	}
+	rep.mu.Lock()
+	defer rep.mu.Unlock()
+	switch {
+	case on && rep.reqHang == nil:
+		rep.reqHang = make(chan struct{})
+	case !on && rep.reqHang != nil:
+		close(rep.reqHang)
+		rep.reqHang = nil
+	}
+	return nil
+}
+
+// holdIfHanging holds a generation request while the requests-hang fault is
+// on; it reports whether the request was held (and is finished).
+func (rep *replica) holdIfHanging(w http.ResponseWriter, r *http.Request, anth bool) bool {
+	rep.mu.Lock()
+	hang := rep.reqHang
+	rep.mu.Unlock()
+	if hang == nil {
+		return false
+	}
+	select {
+	case <-hang:
+		writeError(w, anth, http.StatusServiceUnavailable, "emulated engine was hung")
+	case <-r.Context().Done():
+	}
+	return true
 }
 
 // EngineStats returns engine i's counters.
@@ -583,6 +630,9 @@ func (rep *replica) generate(w http.ResponseWriter, r *http.Request, path string
 		kind = apiMessages
 	}
 	anth := kind == apiMessages
+	if rep.holdIfHanging(w, r, anth) {
+		return
+	}
 	run, err := rep.pick(r)
 	if err != nil {
 		writeError(w, anth, http.StatusBadRequest, err.Error())

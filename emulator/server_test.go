@@ -592,6 +592,43 @@ func TestFaults(t *testing.T) {
 	s.SetMetricsHang(1, false)
 	scrape(t, u1)
 
+	// Requests hang: the request gets nothing until its client gives up,
+	// while /metrics answers; cleared, held requests get 503 and new ones
+	// are served.
+	if err := s.SetRequestsHang(1, true); err != nil {
+		t.Fatal(err)
+	}
+	if st := s.Status()[1]; !st.RequestsHang {
+		t.Fatalf("status: %+v", st)
+	}
+	b, _ := json.Marshal(chatBody("x", 1, false))
+	ctx, cancel = context.WithTimeout(context.Background(), 150*time.Millisecond)
+	req, _ = http.NewRequestWithContext(ctx, http.MethodPost, u1+"/v1/chat/completions", bytes.NewReader(b))
+	req.Header.Set("Content-Type", "application/json")
+	if _, err := client.Do(req); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("hanging requests returned %v", err)
+	}
+	cancel()
+	scrape(t, u1)
+	held := make(chan int, 1)
+	go func() {
+		resp, err := client.Post(u1+"/v1/chat/completions", "application/json", bytes.NewReader(b))
+		if err != nil {
+			held <- -1
+			return
+		}
+		resp.Body.Close()
+		held <- resp.StatusCode
+	}()
+	time.Sleep(50 * time.Millisecond)
+	s.SetRequestsHang(1, false)
+	if code := <-held; code != http.StatusServiceUnavailable {
+		t.Fatalf("held request after the fault cleared: %d", code)
+	}
+	if resp := post(t, u1+"/v1/chat/completions", chatBody("x", 1, false)); resp.StatusCode != 200 {
+		t.Fatalf("after requests-hang fault: status %d", resp.StatusCode)
+	}
+
 	// Stop: connections refused; restart: empty cache, counters reset.
 	if err := s.Stop(0); err != nil {
 		t.Fatal(err)

@@ -84,6 +84,7 @@ func (r *Router) insert(h uint64, p *replica, now int64) {
 func (r *Router) touch(e int32, now int64) {
 	en := &r.b.ents[e]
 	en.last = now
+	en.flags &^= flagReplace
 	if r.b.ghead != e {
 		r.gunlink(e)
 		r.gpushFront(e)
@@ -105,6 +106,7 @@ func (r *Router) rebind(e int32, p *replica, now int64) {
 	r.runlink(r.reps[en.rep], e)
 	en.rep = p.idx
 	en.last = now
+	en.flags &^= flagReplace
 	r.gunlink(e)
 	r.gpushFront(e)
 	r.rpushFront(p, e)

@@ -20,7 +20,16 @@
 // max(1, MaxNumSeqs/4)) a replica at exactly the threshold still takes sticky
 // turns; one more and its conversations may spill.
 //
-// Availability is what SetAvailable says (replicas are available when added);
+// A replica is available when added. It is out of placement while any Cause
+// holds: SetAvailable(false) (CauseAdmin), SetPollDown (CausePoll: its polls
+// fail), SetHealthDown (CauseHealth: the proxy's health checks), or a
+// cool-down after Decision.Failed (CauseProxy: a request to it failed;
+// Config.FailCooldown, doubled per failure in a row up to MaxFailCooldown).
+// Going out for a poll failure or a health check, or failing twice in a row,
+// marks its bindings: their next turn is re-placed (ReasonReplaced) even if
+// the replica is back by then, so it regains conversations by load. When no
+// replica is left but some are out only for CausePoll or CauseProxy, those
+// are used (a setup whose polls can never succeed keeps serving).
 // Load.Reachable only decides whether the polled numbers are trusted. A
 // replica named in Request.Exclude is treated as unavailable for that request.
 //
@@ -56,7 +65,8 @@
 //     threshold (ReasonSpilled); when there is none the turn is sticky.
 //     It is off by default; see "Overload" below.
 //
-//  5. Key bound to a replica that was removed, is unavailable or excluded →
+//  5. Key bound to a replica that was removed, is unavailable, out or
+//     excluded, or whose binding was marked when its replica went out →
 //     placed anew and re-bound, ReasonReplaced.
 //
 //  6. New key (never seen, expired or evicted) → ReasonPlaced. When

@@ -49,6 +49,11 @@ type Config struct {
 	// replica's running count stays far below the threshold while its
 	// queue grows; this catches that case. Zero (the default) turns it off.
 	SpillWaiting int
+	// FailCooldown is how long a replica stays out after a request to it
+	// failed (Decision.Failed); it doubles with every further failure
+	// without a success in between, up to MaxFailCooldown. Defaults 5s and
+	// 1m.
+	FailCooldown, MaxFailCooldown time.Duration
 }
 
 func (c Config) withDefaults() Config {
@@ -69,6 +74,15 @@ func (c Config) withDefaults() Config {
 	}
 	if c.SpillWaiting < 0 {
 		c.SpillWaiting = 0
+	}
+	if c.FailCooldown <= 0 {
+		c.FailCooldown = DefaultFailCooldown
+	}
+	if c.MaxFailCooldown <= 0 {
+		c.MaxFailCooldown = DefaultMaxFailCooldown
+	}
+	if c.MaxFailCooldown < c.FailCooldown {
+		c.MaxFailCooldown = c.FailCooldown
 	}
 	return c
 }
@@ -156,6 +170,12 @@ type replica struct {
 	inflight atomic.Int64
 	load     Load
 
+	down       Cause        // CausePoll, CauseHealth
+	coolUntil  int64        // out for proxy errors until then (Router.clock)
+	failStreak int          // proxy failures since the last success
+	streak     atomic.Int32 // failStreak, read without the lock
+	proxyFails uint64       // proxy failures reported, ever
+
 	// bindings list, most recent first; entries head..activeTail are active.
 	head, tail, activeTail int32
 	bindings, active       int
@@ -210,6 +230,7 @@ type Router struct {
 	rr    uint32           // round-robin offset for ties
 
 	exclEpoch uint64
+	lenient   bool // usable ignores poll and proxy failures (lenientPick)
 
 	b bindings
 
@@ -387,8 +408,33 @@ func (r *Router) advance(n int64) int64 {
 	return r.clock
 }
 
+// usable reports whether p may be chosen for the request being routed: it
+// is present, available, not excluded and, unless r.lenient, not out for a
+// failure (poll, proxy errors, health check).
 func (r *Router) usable(p *replica) bool {
-	return p.present && p.avail && p.exclEpoch != r.exclEpoch
+	if !p.present || !p.avail || p.exclEpoch == r.exclEpoch {
+		return false
+	}
+	if r.lenient {
+		return p.down&CauseHealth == 0
+	}
+	return p.down == 0 && p.coolUntil <= r.clock
+}
+
+// lenientPick returns f's choice; when f finds nothing, it asks again with
+// the failure signals the router infers itself (poll failures, proxy errors)
+// ignored: when every replica is out for those, one of them is still tried
+// rather than refusing the request, so a setup where no poll can succeed
+// (wrong metrics_path) keeps serving. The proxy's health checks stay
+// binding, as they are without this module.
+func (r *Router) lenientPick(f func() *replica) *replica {
+	if p := f(); p != nil {
+		return p
+	}
+	r.lenient = true
+	p := f()
+	r.lenient = false
+	return p
 }
 
 // Route chooses the replica for one request and takes an in-flight slot on
@@ -431,7 +477,7 @@ func (r *Router) Route(req Request) (Decision, error) {
 		}
 	}
 	if !affinity {
-		p := r.leastQueued()
+		p := r.lenientPick(r.leastQueued)
 		if p == nil {
 			return Decision{}, ErrNoReplica
 		}
@@ -457,7 +503,7 @@ func (r *Router) Route(req Request) (Decision, error) {
 			}
 		}
 		if p == nil {
-			p = r.best(now, nil, false)
+			p = r.lenientPick(func() *replica { return r.best(now, nil, false) })
 		}
 		if p == nil {
 			return Decision{}, ErrNoReplica
@@ -468,12 +514,15 @@ func (r *Router) Route(req Request) (Decision, error) {
 	}
 
 	bound := r.reps[r.b.ents[e].rep]
-	if !r.usable(bound) {
-		p := r.best(now, nil, false)
+	if !r.usable(bound) || r.b.ents[e].flags&flagReplace != 0 {
+		// removed, unavailable, excluded, out for a failure, or out since
+		// this conversation's last turn: placed anew by load
+		p := r.lenientPick(func() *replica { return r.best(now, nil, false) })
 		if p == nil {
 			return Decision{}, ErrNoReplica
 		}
 		r.keyed++
+		r.b.ents[e].flags &^= flagReplace
 		r.rebind(e, p, now)
 		p.replaced++
 		d := r.take(p, ReasonReplaced)
@@ -695,8 +744,12 @@ type Snapshot struct {
 // ReplicaSnapshot is one replica's row of the routing card.
 type ReplicaSnapshot struct {
 	ID        string
-	Available bool
-	InFlight  int // requests held through this router now
+	Available bool  // can be chosen now: not unavailable and out for nothing
+	Out       Cause // why it is out; 0 when Available
+	// CooldownUntil is when its proxy-error cool-down ends (zero when none).
+	CooldownUntil time.Time
+	ProxyFailures uint64 // requests reported failed at it (Decision.Failed)
+	InFlight      int    // requests held through this router now
 
 	Sticky           uint64 // turns that stayed (including StayedOverloaded)
 	StayedOverloaded uint64 // stayed because every other replica was over the threshold too
@@ -739,9 +792,15 @@ func (r *Router) Snapshot() Snapshot {
 	for _, i := range r.order {
 		p := r.reps[i]
 		r.expireActive(p, cutoff)
+		out := r.out(p)
+		var until time.Time
+		if p.coolUntil > r.clock {
+			until = time.Unix(0, p.coolUntil)
+		}
 		s.Replicas = append(s.Replicas, ReplicaSnapshot{
-			ID: p.id, Available: p.avail, InFlight: int(p.inflight.Load()),
-			Sticky: p.sticky, StayedOverloaded: p.stayed, Placed: p.placed, SpillAccepted: p.spill,
+			ID: p.id, Available: out == 0, Out: out, CooldownUntil: until, ProxyFailures: p.proxyFails,
+			InFlight: int(p.inflight.Load()),
+			Sticky:   p.sticky, StayedOverloaded: p.stayed, Placed: p.placed, SpillAccepted: p.spill,
 			ClientPinned: p.pinned, Replaced: p.replaced, AffinityOff: p.affOff, NoKey: p.noKey,
 			Bindings: p.bindings, Active: p.active, Load: p.load,
 		})

@@ -3,6 +3,7 @@ package vllmstats
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -10,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -85,6 +87,10 @@ type ReplicaStats struct {
 	LastSeen time.Time
 	// Failures counts consecutive failed polls.
 	Failures int
+	// Refused is true when the last poll failed because the connection was
+	// refused or reset: nothing serves at the address any more (a stopped or
+	// crashed server), unlike a slow or erroring one.
+	Refused bool
 
 	// Metrics are from the last good poll (kept while polls fail).
 	Metrics EngineMetrics
@@ -362,6 +368,7 @@ func (p *Poller) fail(st *targetState, err error) {
 	s := &st.stats
 	s.Failures++
 	s.LastError = err.Error()
+	s.Refused = errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET)
 	if s.Failures >= p.cfg.FailAfter && s.Reachable {
 		s.Reachable = false
 		p.log.Warn("vLLM replica unreachable", zap.String("replica", s.ID), zap.Int("failures", s.Failures), zap.Error(err))
@@ -374,7 +381,7 @@ func (p *Poller) succeed(st *targetState, em *EngineMetrics, now time.Time) (res
 	if !s.Reachable {
 		p.log.Info("vLLM replica reachable again", zap.String("replica", s.ID), zap.Time("last_seen", s.LastSeen))
 	}
-	s.Reachable, s.Failures, s.LastError, s.LastSeen = true, 0, "", now
+	s.Reachable, s.Failures, s.LastError, s.LastSeen, s.Refused = true, 0, "", now, false
 	s.Metrics = *em
 
 	if missing := em.Present.Missing(); missing != st.missing {

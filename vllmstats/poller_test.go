@@ -183,7 +183,7 @@ func TestPollerFailuresAndRecovery(t *testing.T) {
 		fc.apply()
 		p.round()
 		r := mustReplica(t, p, "good")
-		if !r.Reachable || r.Failures != 1 || !strings.Contains(r.LastError, fc.want) || r.Metrics.Running != 2 {
+		if !r.Reachable || r.Failures != 1 || !strings.Contains(r.LastError, fc.want) || r.Metrics.Running != 2 || r.Refused {
 			t.Fatalf("%s after 1 failure: %+v", fc.name, r)
 		}
 		p.round()
@@ -209,7 +209,7 @@ func TestPollerFailuresAndRecovery(t *testing.T) {
 	p.round()
 	p.round()
 	r := mustReplica(t, p, "dead")
-	if r.Reachable || r.Failures != 2 || r.LastError == "" || !r.LastSeen.Equal(seen) || r.Metrics.Running != 2 {
+	if r.Reachable || r.Failures != 2 || r.LastError == "" || !r.LastSeen.Equal(seen) || r.Metrics.Running != 2 || !r.Refused {
 		t.Fatalf("dead server: %+v", r)
 	}
 	if g := mustReplica(t, p, "good"); !g.Reachable {
@@ -233,7 +233,7 @@ func TestPollerHangingServer(t *testing.T) {
 		t.Fatalf("round held %v by a hanging server", d)
 	}
 	r := mustReplica(t, p, "hang")
-	if r.Reachable || !strings.Contains(r.LastError, "deadline") {
+	if r.Reachable || !strings.Contains(r.LastError, "deadline") || r.Refused {
 		t.Fatalf("hanging server: %+v", r)
 	}
 	if g := mustReplica(t, p, "good"); !g.Reachable || g.LastSeen.IsZero() {

@@ -45,6 +45,15 @@ type Config struct {
 	Progress     io.Writer // progress of the stages (nil: none)
 	LiveProgress bool      // rewrite one progress line in place (a terminal)
 	Log          io.Writer // what the demo tells the user (nil: none)
+	// Fault, when set, is injected into every stage (see bench.Fault).
+	Fault *bench.Fault
+	// HealthChecks adds Caddy's active health checks (GET /health every
+	// poll interval) to the proxy; without them the policy's own failure
+	// handling is all there is.
+	HealthChecks bool
+	// ResponseHeaderTimeout is the proxy's response_header_timeout, wall
+	// time (default 10s): how long a turn sent to a hung replica waits.
+	ResponseHeaderTimeout time.Duration
 }
 
 // DefaultConfig runs the brief's stages, affinity off then on, on four
@@ -80,6 +89,9 @@ func Run(ctx context.Context, cfg Config) (*bench.Report, error) {
 	if len(cfg.Modes) == 0 {
 		cfg.Modes = []string{bench.ModeOff, bench.ModeOn}
 	}
+	if cfg.ResponseHeaderTimeout <= 0 {
+		cfg.ResponseHeaderTimeout = 10 * time.Second
+	}
 	logf := func(format string, args ...any) {
 		if cfg.Log != nil {
 			fmt.Fprintf(cfg.Log, format+"\n", args...)
@@ -103,6 +115,11 @@ func Run(ctx context.Context, cfg Config) (*bench.Report, error) {
 		maxSeqs:   cfg.Engine.MaxNumSeqs,
 		poll:      max(100*time.Millisecond, time.Duration(float64(time.Second)/cfg.Speed)),
 		upstreams: srv.URLs(),
+		health:    cfg.HealthChecks,
+		rht:       cfg.ResponseHeaderTimeout,
+	}
+	if cfg.Fault != nil && cfg.Fault.Replica >= cfg.Replicas {
+		return nil, fmt.Errorf("fault %s: there are %d replicas", cfg.Fault, cfg.Replicas)
 	}
 	if err := px.load(cfg.Modes[0]); err != nil {
 		return nil, err
@@ -117,7 +134,17 @@ func Run(ctx context.Context, cfg Config) (*bench.Report, error) {
 	total := time.Duration(len(cfg.Stages)*len(cfg.Modes)) * time.Duration(float64(cfg.StageLength+cfg.Warmup)/cfg.Speed)
 	logf("stages %v × %v, %v + %v warm-up each in engine time: about %v of wall time", cfg.Stages, cfg.Modes, cfg.StageLength, cfg.Warmup, total.Round(time.Second))
 
+	var onStage func(context.Context)
+	if f := cfg.Fault; f != nil {
+		logf("fault in every stage: %s (engine time after the warm-up); health checks %v; response_header_timeout %v", f, cfg.HealthChecks, cfg.ResponseHeaderTimeout)
+		onStage = func(ctx context.Context) {
+			if err := f.Inject(ctx, srv, cfg.Warmup, cfg.Speed, func(s string) { logf("%s", s) }); err != nil {
+				logf("%v", err)
+			}
+		}
+	}
 	rep, err := bench.RunHTTP(ctx, bench.HTTPConfig{
+		OnStage:      onStage,
 		Client:       bench.Client{BaseURL: "http://" + listen, API: cfg.API, Token: "demo-token"},
 		Workload:     cfg.Workload,
 		Count:        emulator.CountTokens,
@@ -156,6 +183,8 @@ type demoProxy struct {
 	poll                 time.Duration
 	upstreams            []string
 	mode                 string
+	health               bool
+	rht                  time.Duration
 }
 
 // Caddyfile renders the demo's configuration for a mode.
@@ -180,6 +209,10 @@ func (p *demoProxy) Caddyfile(mode string) string {
 	default:
 		fmt.Fprintf(&b, "\treverse_proxy %s {\n\t\tlb_policy %s\n", strings.Join(ups, " "), mode)
 	}
+	if p.health {
+		fmt.Fprintf(&b, "\t\thealth_uri /health\n\t\thealth_interval %s\n\t\thealth_timeout %s\n", p.poll, p.poll*4/5)
+	}
+	fmt.Fprintf(&b, "\t\ttransport http {\n\t\t\tdial_timeout 3s\n\t\t\tresponse_header_timeout %s\n\t\t}\n", p.rht)
 	b.WriteString("\t\tflush_interval -1\n\t}\n}\n")
 	return b.String()
 }

@@ -148,8 +148,18 @@ func runDemo(ctx context.Context, args []string) error {
 	fs.StringVar(&d.Admin, "admin", d.Admin, "Caddy's admin address (the routing card is at /lm-warden/)")
 	fs.StringVar(&d.Listen, "listen", "", "proxy address (default: a free port on 127.0.0.1)")
 	api := fs.String("api", "anthropic", "client API: anthropic or openai")
+	fault := fs.String("fault", "", "inject a fault into every stage: kill|hang:replica=N,at=D,for=D (engine time after the warm-up), e.g. kill:replica=1,at=30s,for=25s")
+	fs.BoolVar(&d.HealthChecks, "health-checks", false, "add Caddy's active health checks (GET /health) to the proxy")
+	fs.DurationVar(&d.ResponseHeaderTimeout, "response-header-timeout", 10*time.Second, "the proxy's response_header_timeout (wall time)")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *fault != "" {
+		f, err := bench.ParseFault(*fault)
+		if err != nil {
+			return err
+		}
+		d.Fault = &f
 	}
 	stages, modes, err := c.parse()
 	if err != nil {

@@ -1,0 +1,632 @@
+package caddymodule
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	prommodel "github.com/prometheus/common/model"
+
+	"github.com/lmwarden/caddy-lmwarden/emulator"
+)
+
+// coreSite is the README's core snippet with the emulator's replicas as the
+// upstreams: no health checks, no retries. rht is the response header
+// timeout; poll is the poll interval ("" = the default).
+func coreSite(model string, dials []string, rht, poll string) string {
+	extra := ""
+	if poll != "" {
+		extra = "poll_interval " + poll
+	}
+	return fmt.Sprintf(`
+	lm_warden
+	reverse_proxy %s {
+		lb_policy lm_warden {
+			model %s
+			max_num_seqs 32
+			%s
+		}
+		flush_interval -1
+		transport http {
+			dial_timeout 3s
+			response_header_timeout %s
+		}
+	}`, strings.Join(dials, " "), model, extra, rht)
+}
+
+// turnLog is one turn a failover test sent.
+type turnLog struct {
+	conv, turn      int
+	start, end      time.Time
+	status          int
+	replica, reason string
+	streamed        bool // a 200 with its headers: the response had started
+	complete        bool // the stream ended with its final event
+}
+
+// failedEarly: the turn failed before any response had started.
+func (l turnLog) failedEarly() bool { return !l.streamed }
+
+type faultRun struct {
+	t     *testing.T
+	url   string
+	model string
+	mu    sync.Mutex
+	log   []turnLog
+	next  int // next conversation number
+}
+
+// sendTurn sends turn n of conversation c, streaming, and logs it.
+func (fr *faultRun) sendTurn(ctx context.Context, c, n int) turnLog {
+	msgs := []map[string]any{{"role": "user", "content": fmt.Sprintf("Task %d: %s", c, strings.Repeat("read the code and fix the failing test. ", 40))}}
+	for i := 1; i < n; i++ {
+		msgs = append(msgs, map[string]any{"role": "assistant", "content": "done step " + fmt.Sprint(i)},
+			map[string]any{"role": "user", "content": "continue with step " + fmt.Sprint(i+1)})
+	}
+	body, _ := json.Marshal(map[string]any{
+		"model": "qwen3-4b", "max_tokens": 16, "stream": true,
+		"system":   []map[string]any{{"type": "text", "text": strings.Repeat("You are a careful coding agent. ", 60)}},
+		"messages": msgs,
+	})
+	l := turnLog{conv: c, turn: n, start: time.Now()}
+	defer func() {
+		l.end = time.Now()
+		fr.mu.Lock()
+		fr.log = append(fr.log, l)
+		fr.mu.Unlock()
+	}()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, fr.url+"/v1/messages", strings.NewReader(string(body)))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Claude-Code-Session-Id", fmt.Sprintf("%s-conv-%d", fr.model, c))
+	resp, err := testClient.Do(req)
+	if err != nil {
+		return l
+	}
+	defer resp.Body.Close()
+	l.status = resp.StatusCode
+	l.replica, l.reason, _ = strings.Cut(resp.Header.Get(RouteHeader), "; ")
+	if resp.StatusCode != http.StatusOK {
+		return l
+	}
+	l.streamed = true
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if strings.Contains(sc.Text(), "message_stop") {
+			l.complete = true
+		}
+	}
+	return l
+}
+
+// run keeps workers conversations going (6 turns each, then a new one)
+// until stop is closed; bounded by a hard limit of turns.
+func (fr *faultRun) run(workers int, stop <-chan struct{}) {
+	var wg sync.WaitGroup
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for sent := 0; sent < 2000; {
+				fr.mu.Lock()
+				c := fr.next
+				fr.next++
+				fr.mu.Unlock()
+				for n := 1; n <= 6; n++ {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					fr.sendTurn(ctx, c, n)
+					sent++
+					time.Sleep(20 * time.Millisecond) // the agent's own work
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+func (fr *faultRun) turns() []turnLog {
+	fr.mu.Lock()
+	defer fr.mu.Unlock()
+	return append([]turnLog(nil), fr.log...)
+}
+
+// busiest returns the index of the replica holding the most conversations,
+// so the fault hits conversations that come back.
+func busiest(t *testing.T, model string, dials []string) int {
+	t.Helper()
+	c := getCard(t, model)
+	best, most := 0, -1
+	for i, d := range dials {
+		if n := cardRow(c, d).Bindings; n > most {
+			best, most = i, n
+		}
+	}
+	return best
+}
+
+// watchOut records when the card first shows replica out (not available)
+// and when it first shows it back after that.
+type outWatch struct {
+	mu       sync.Mutex
+	out, in  time.Time
+	outCause []string
+	seen     map[string]bool // every cause shown while out
+}
+
+func watchCard(t *testing.T, model, replica string, stop <-chan struct{}) *outWatch {
+	w := &outWatch{seen: map[string]bool{}}
+	go func() {
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			var c Card
+			st, body, err := serveAdminJSON(context.Background(), "/lm-warden/models/"+model)
+			if err != nil || st != http.StatusOK || json.Unmarshal(body, &c) != nil {
+				continue
+			}
+			row := cardRow(c, replica)
+			now := time.Now()
+			w.mu.Lock()
+			if !row.Available && w.out.IsZero() {
+				w.out, w.outCause = now, row.Out
+			}
+			for _, c := range row.Out {
+				w.seen[c] = true
+			}
+			if row.Available && !w.out.IsZero() && w.in.IsZero() {
+				w.in = now
+			}
+			w.mu.Unlock()
+		}
+	}()
+	return w
+}
+
+func (w *outWatch) times() (out, in time.Time, cause []string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.out, w.in, w.outCause
+}
+
+func startEmulator(t *testing.T, n int) (*emulator.Server, []string) {
+	t.Helper()
+	emu, err := emulator.NewServer(emulator.ServerConfig{Replicas: n, Speed: 20, Model: "qwen3-4b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = emu.Close() })
+	var dials []string
+	for _, u := range emu.URLs() {
+		dials = append(dials, strings.TrimPrefix(u, "http://"))
+	}
+	return emu, dials
+}
+
+// stageFigures sums up a fault stage for the test log.
+type stageFigures struct {
+	outage, earlyFails, lateFails, placedOnDead, replaced, survivorTurns, survivorSticky int
+}
+
+// checkFaultStage checks the turns of a stage in which replica dead failed
+// at tFault, was shown out at tOut and came back at tBack (zero if never):
+// failed turns that had not started streaming began within exposure of the
+// fault and are at most 2 % of the outage's turns (or one); no turn that
+// started after tOut went to the dead replica before tBack; the turns of its
+// conversations after tOut were re-placed; every other conversation stayed
+// where it was on every turn.
+func checkFaultStage(t *testing.T, log []turnLog, dead string, tFault, tOut, tBack time.Time, exposure, maxFailDur time.Duration, maxShare float64) stageFigures {
+	t.Helper()
+	var f stageFigures
+	byConv := map[int][]turnLog{}
+	for _, l := range log {
+		byConv[l.conv] = append(byConv[l.conv], l)
+	}
+	inOutage := func(at time.Time) bool { return !at.Before(tFault) && (tBack.IsZero() || at.Before(tBack)) }
+	for _, l := range log {
+		if inOutage(l.start) {
+			f.outage++
+		}
+		if l.failedEarly() && !l.start.Before(tFault.Add(-maxFailDur)) {
+			if l.start.After(tFault.Add(exposure)) {
+				f.lateFails++
+				t.Errorf("conv %d turn %d started %v after the fault and failed before streaming (status %d, %s; %s)",
+					l.conv, l.turn, l.start.Sub(tFault), l.status, l.replica, l.reason)
+			} else {
+				f.earlyFails++
+			}
+			if d := l.end.Sub(l.start); d > maxFailDur {
+				t.Errorf("conv %d turn %d took %v to fail, want at most %v", l.conv, l.turn, d, maxFailDur)
+			}
+		}
+		if l.start.After(tOut) && inOutage(l.start) && l.replica == dead {
+			f.placedOnDead++
+			t.Errorf("conv %d turn %d started %v after the replica was shown out and went to it (%s)",
+				l.conv, l.turn, l.start.Sub(tOut), l.reason)
+		}
+	}
+	if limit := max(1, int(math.Ceil(maxShare*float64(f.outage)))); maxShare > 0 && f.earlyFails > limit {
+		t.Errorf("%d turns failed before streaming, more than %.0f%% of the outage's %d turns", f.earlyFails, maxShare*100, f.outage)
+	}
+	for c, turns := range byConv {
+		onDead := false
+		prev := ""
+		for _, l := range turns {
+			switch {
+			case l.start.Before(tFault):
+				onDead = l.replica == dead
+			case onDead && inOutage(l.start) && l.streamed && l.replica != dead:
+				// its first turn served after the fault
+				if l.reason != "re-placed" {
+					t.Errorf("conv %d turn %d, first served after its replica failed: %s; %s, want re-placed", c, l.turn, l.replica, l.reason)
+				}
+				f.replaced++
+				onDead = false
+			}
+		}
+		touched := false
+		for _, l := range turns {
+			if l.replica == dead || !l.streamed {
+				touched = true
+			}
+		}
+		if touched {
+			continue
+		}
+		for _, l := range turns {
+			if l.turn > 1 {
+				f.survivorTurns++
+				if l.reason == "sticky" && l.replica == prev {
+					f.survivorSticky++
+				} else {
+					t.Errorf("survivor conv %d turn %d: %s; %s, was on %s", c, l.turn, l.replica, l.reason, prev)
+				}
+			}
+			prev = l.replica
+		}
+	}
+	return f
+}
+
+// TestKilledReplicaMidStage kills one of four emulated replicas while eight
+// agents keep their conversations going through Caddy with the README's core
+// snippet (no health checks, no retries), then restarts it.
+func TestKilledReplicaMidStage(t *testing.T) {
+	emu, dials := startEmulator(t, 4)
+	const poll = time.Second // the default poll_interval
+	loadSite(t, coreSite("killed", dials, "10m", ""))
+	fr := &faultRun{t: t, url: siteURL, model: "killed"}
+	stop, stopWatch := make(chan struct{}), make(chan struct{})
+	defer close(stopWatch)
+	done := make(chan struct{})
+	go func() { fr.run(8, stop); close(done) }()
+	var stopOnce sync.Once
+	end := func() { stopOnce.Do(func() { close(stop) }); <-done }
+	defer end() // also when the test fails early: no client outlives it
+
+	time.Sleep(3 * time.Second)
+	dead := busiest(t, "killed", dials)
+	w := watchCard(t, "killed", dials[dead], stopWatch)
+	time.Sleep(50 * time.Millisecond)
+	tKill := time.Now()
+	if err := emu.Stop(dead); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Second)
+	tOut, _, cause := w.times()
+	if tOut.IsZero() {
+		t.Fatal("the card never showed the killed replica out")
+	}
+	t.Logf("shown out %v after the kill, for %v", tOut.Sub(tKill), cause)
+	tRestart := time.Now()
+	if err := emu.Restart(dead); err != nil {
+		t.Fatal(err)
+	}
+	var tBack time.Time
+	defer func() {
+		if t.Failed() {
+			t.Logf("row of the killed replica at the end: %+v", cardRow(getCard(t, "killed"), dials[dead]))
+		}
+	}()
+	waitFor(t, "the restarted replica back in placement", func() bool {
+		_, in, _ := w.times()
+		tBack = in
+		return !in.IsZero()
+	})
+	t.Logf("back %v after the restart", tBack.Sub(tRestart))
+	w.mu.Lock()
+	if !w.seen["poll failure"] {
+		t.Errorf("the killed replica was never out for its failed polls (causes seen %v)", w.seen)
+	}
+	w.mu.Unlock()
+	// restarted, it takes new conversations again
+	deadline := time.Now().Add(5 * time.Second)
+	placedAgain := false
+	for !placedAgain && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+		for _, l := range fr.turns() {
+			if l.start.After(tBack) && l.replica == dials[dead] && l.reason == "placed" && l.streamed {
+				placedAgain = true
+			}
+		}
+	}
+	end()
+	if !placedAgain {
+		t.Error("no new conversation placed on the restarted replica")
+	}
+	// turns may go to it again from its restart on
+	f := checkFaultStage(t, fr.turns(), dials[dead], tKill, tOut, tRestart, poll, 3*time.Second, 0.02)
+	t.Logf("outage turns %d, failed before streaming %d (late %d), re-placed %d, survivors sticky %d/%d",
+		f.outage, f.earlyFails, f.lateFails, f.replaced, f.survivorSticky, f.survivorTurns)
+	if f.replaced == 0 {
+		t.Error("no conversation of the killed replica had a turn during the outage")
+	}
+	if !tOut.Before(tKill.Add(poll + 200*time.Millisecond)) {
+		t.Errorf("shown out %v after the kill, want within one poll interval", tOut.Sub(tKill))
+	}
+}
+
+// TestHungReplicaMidStage makes one of four emulated replicas accept
+// requests and never answer them (its /metrics still answers): the turns
+// sent there time out after the configured response header timeout, and
+// then no more are sent there.
+func TestHungReplicaMidStage(t *testing.T) {
+	emu, dials := startEmulator(t, 4)
+	const rht = time.Second
+	loadSite(t, coreSite("hung", dials, "1s", ""))
+	fr := &faultRun{t: t, url: siteURL, model: "hung"}
+	stop, stopWatch := make(chan struct{}), make(chan struct{})
+	defer close(stopWatch)
+	done := make(chan struct{})
+	go func() { fr.run(8, stop); close(done) }()
+	var stopOnce sync.Once
+	end := func() { stopOnce.Do(func() { close(stop) }); <-done }
+	defer end() // also when the test fails early: no client outlives it
+
+	time.Sleep(3 * time.Second)
+	hung := busiest(t, "hung", dials)
+	w := watchCard(t, "hung", dials[hung], stopWatch)
+	time.Sleep(50 * time.Millisecond)
+	tHang := time.Now()
+	if err := emu.SetRequestsHang(hung, true); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(6 * time.Second)
+	tOut, _, cause := w.times()
+	if tOut.IsZero() {
+		t.Fatal("the card never showed the hung replica out")
+	}
+	t.Logf("shown out %v after the hang, for %v", tOut.Sub(tHang), cause)
+	if err := emu.SetRequestsHang(hung, false); err != nil {
+		t.Fatal(err)
+	}
+	tClear := time.Now()
+	end()
+	log := fr.turns()
+	var stage []turnLog
+	for _, l := range log {
+		if l.start.Before(tClear) {
+			stage = append(stage, l)
+		}
+	}
+	// exposure: the turns sent before the first timeout came back
+	f := checkFaultStage(t, stage, dials[hung], tHang, tOut, time.Time{}, rht+200*time.Millisecond, rht+time.Second, 0)
+	t.Logf("hang turns %d, failed before streaming %d (late %d), re-placed %d, survivors sticky %d/%d",
+		f.outage, f.earlyFails, f.lateFails, f.replaced, f.survivorSticky, f.survivorTurns)
+	if f.earlyFails == 0 {
+		t.Error("no turn went to the hung replica: the stage tested nothing")
+	}
+}
+
+// outMetric reads lm_warden_replica_out{model,replica,cause} and
+// lm_warden_replica_available{model,replica} from the admin /metrics.
+func outMetric(t *testing.T, model, replica string) (available float64, out map[string]float64) {
+	t.Helper()
+	var text string
+	adminJSON(t, "/metrics", &text)
+	parser := expfmt.NewTextParser(prommodel.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(strings.NewReader(text))
+	if err != nil {
+		t.Fatalf("parsing /metrics: %v", err)
+	}
+	labels := func(m *dto.Metric) map[string]string {
+		out := map[string]string{}
+		for _, l := range m.GetLabel() {
+			out[l.GetName()] = l.GetValue()
+		}
+		return out
+	}
+	available = -1
+	for _, m := range fams["lm_warden_replica_available"].GetMetric() {
+		if l := labels(m); l["model"] == model && l["replica"] == replica {
+			available = m.GetGauge().GetValue()
+		}
+	}
+	out = map[string]float64{}
+	for _, m := range fams["lm_warden_replica_out"].GetMetric() {
+		if l := labels(m); l["model"] == model && l["replica"] == replica {
+			out[l["cause"]] = m.GetGauge().GetValue()
+		}
+	}
+	return available, out
+}
+
+// TestCardFollowsHealthCheck: when Caddy's active health check marks an
+// upstream down (here its /metrics hangs past health_timeout while the
+// poll's fail_after is far off), the card's available column, the reason
+// and the metrics follow, no conversation is placed there, and all come
+// back when the check passes again.
+func TestCardFollowsHealthCheck(t *testing.T) {
+	emu, dials := startEmulator(t, 3)
+	loadSite(t, fmt.Sprintf(`
+	lm_warden
+	reverse_proxy %s {
+		lb_policy lm_warden {
+			model health
+			max_num_seqs 32
+			poll_interval 1s
+			fail_after 1000
+		}
+		health_uri /metrics
+		health_interval 100ms
+		health_timeout 300ms
+		health_fails 1
+		health_passes 1
+		flush_interval -1
+	}`, strings.Join(dials, " ")))
+	sick := dials[0]
+	waitFor(t, "every replica available", func() bool {
+		for _, r := range getCard(t, "health").Replicas {
+			if !r.Available {
+				return false
+			}
+		}
+		return len(getCard(t, "health").Replicas) == 3
+	})
+	if err := emu.SetMetricsHang(0, true); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the card to show the replica out for its health check", func() bool {
+		r := cardRow(getCard(t, "health"), sick)
+		return !r.Available && strings.Join(r.Out, ",") == "health check"
+	})
+	if avail, out := outMetric(t, "health", sick); avail != 0 || out["health"] != 1 || out["poll"] != 0 || out["proxy"] != 0 {
+		t.Errorf("metrics while out: available %v, out %v", avail, out)
+	}
+	fr := &faultRun{t: t, url: siteURL, model: "health"}
+	for c := range 12 {
+		if l := fr.sendTurn(context.Background(), c, 1); l.replica == sick || !l.streamed {
+			t.Errorf("conversation %d while the replica is out: %d %s; %s", c, l.status, l.replica, l.reason)
+		}
+	}
+	if err := emu.SetMetricsHang(0, false); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the card to show the replica back", func() bool {
+		r := cardRow(getCard(t, "health"), sick)
+		return r.Available && len(r.Out) == 0
+	})
+	if avail, out := outMetric(t, "health", sick); avail != 1 || out["health"] != 0 {
+		t.Errorf("metrics when back: available %v, out %v", avail, out)
+	}
+	placed := false
+	for c := 100; c < 112 && !placed; c++ {
+		placed = fr.sendTurn(context.Background(), c, 1).replica == sick
+	}
+	if !placed {
+		t.Error("no new conversation placed on the replica back in")
+	}
+}
+
+// TestRetriesGoElsewhere: with lb_retries, a retry never picks a replica the
+// request already failed on, and a replica that failed a dial is avoided by
+// the next placements at once (before any poll can notice).
+func TestRetriesGoElsewhere(t *testing.T) {
+	emu, dials := startEmulator(t, 3)
+	loadSite(t, fmt.Sprintf(`
+	lm_warden
+	reverse_proxy %s {
+		lb_policy lm_warden {
+			model retries
+			max_num_seqs 32
+			poll_interval 1h
+		}
+		lb_retries 2
+		flush_interval -1
+	}`, strings.Join(dials, " ")))
+	fr := &faultRun{t: t, url: siteURL, model: "retries"}
+	// warm up the poller's first round so the polls say nothing more
+	time.Sleep(200 * time.Millisecond)
+	if err := emu.Stop(1); err != nil {
+		t.Fatal(err)
+	}
+	if err := emu.Stop(2); err != nil {
+		t.Fatal(err)
+	}
+	for c := range 20 {
+		l := fr.sendTurn(context.Background(), c, 1)
+		if !l.streamed || l.replica != dials[0] {
+			t.Fatalf("conversation %d: %d %s; %s, want served by the only live replica", c, l.status, l.replica, l.reason)
+		}
+	}
+	c := getCard(t, "retries")
+	var fails uint64
+	for _, d := range dials[1:] {
+		r := cardRow(c, d)
+		fails += r.ProxyFailures
+		if r.ProxyFailures > 0 && (r.Available || !slices.Contains(r.Out, "proxy errors")) {
+			t.Errorf("%s after a failed dial: %+v", d, r)
+		}
+	}
+	// at most one failed dial per dead replica: after it, placements avoid it
+	if fails == 0 {
+		t.Error("no placement tried a stopped replica: the test tested nothing")
+	}
+	if fails > 2 {
+		t.Errorf("%d failed dials to the two stopped replicas, want at most one each", fails)
+	}
+}
+
+// TestAdminWritesAreStrict: admin writes refuse trailing data with 400 and
+// take a valid body of any reasonable size.
+func TestAdminWritesAreStrict(t *testing.T) {
+	fs := startFakes(t, 1)
+	loadSite(t, fmt.Sprintf(`
+	lm_warden
+	reverse_proxy %s {
+		%s
+	}`, dialList(fs), policyBlock("strict", "")))
+	sendTurn(t, "/v1/messages", chatTurn("bound", 1, false), map[string]string{"X-Claude-Code-Session-Id": "bound"})
+	admin := fmt.Sprintf("http://localhost:%d/lm-warden/models/strict", testAdminPort)
+	tests := []struct {
+		name, method, path, body string
+		want                     int
+	}{
+		{"trailing garbage", http.MethodPut, "/affinity", `{"affinity":true}garbage`, 400},
+		{"second value", http.MethodPut, "/affinity", `{"affinity":true} {"affinity":false}`, 400},
+		{"trailing garbage, POST", http.MethodPost, "/affinity", `{"affinity":false}]`, 400},
+		{"not an object", http.MethodPut, "/affinity", `true`, 400},
+		{"missing field", http.MethodPut, "/affinity", `{}`, 400},
+		{"empty", http.MethodPut, "/affinity", ``, 400},
+		{"too large", http.MethodPut, "/affinity", `{"affinity":true}` + strings.Repeat(" ", maxAdminBody), 413},
+		{"valid, padded past 4 KB", http.MethodPut, "/affinity", `{"affinity":true,"note":"` + strings.Repeat("x", 8000) + `"}` + "\n", 200},
+		{"valid, trailing white space", http.MethodPut, "/affinity", "{\"affinity\":true}\n\t ", 200},
+		{"unbind with a body", http.MethodDelete, "/sessions/bound", `garbage`, 400},
+		{"unbind", http.MethodDelete, "/sessions/bound", ``, 200},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			req, _ := http.NewRequest(tt.method, admin+tt.path, strings.NewReader(tt.body))
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := testClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != tt.want {
+				t.Fatalf("%s %s: %d %s, want %d", tt.method, tt.path, resp.StatusCode, b, tt.want)
+			}
+		})
+	}
+}

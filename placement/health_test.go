@@ -1,0 +1,190 @@
+package placement
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+)
+
+func route(t *testing.T, r *Router, key string, now time.Time) Decision {
+	t.Helper()
+	d, err := r.Route(Request{Key: key, Now: now})
+	if err != nil {
+		t.Fatalf("routing %q: %v", key, err)
+	}
+	d.Release()
+	return d
+}
+
+func replicaRow(t *testing.T, r *Router, id string) ReplicaSnapshot {
+	t.Helper()
+	for _, rs := range r.Snapshot().Replicas {
+		if rs.ID == id {
+			return rs
+		}
+	}
+	t.Fatalf("no replica %s", id)
+	return ReplicaSnapshot{}
+}
+
+// A replica out for a failure (poll, health check) takes no new
+// conversation and no sticky turn; its conversations are re-placed on their
+// next turn, and once it is back they do not return to it on their own.
+func TestDownReplicaReplacedAndNotReturned(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		down  func(r *Router, id string, down bool) bool
+		cause Cause
+	}{
+		{"poll", (*Router).SetPollDown, CausePoll},
+		{"health", (*Router).SetHealthDown, CauseHealth},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newTestRouter(3, Config{})
+			for i := range 6 {
+				bindTo(t, r, fmt.Sprintf("k%d", i), fmt.Sprintf("r%d", i%3), t0)
+			}
+			if !tc.down(r, "r1", true) || tc.down(r, "r1", true) {
+				t.Fatal("state change not reported once")
+			}
+			row := replicaRow(t, r, "r1")
+			if row.Available || row.Out != tc.cause {
+				t.Fatalf("r1 row %+v, want out for %v", row, tc.cause)
+			}
+			now := t0.Add(time.Second)
+			for i := range 30 {
+				if d := route(t, r, fmt.Sprintf("new%d", i), now); d.Replica == "r1" {
+					t.Fatalf("new conversation placed on the down replica")
+				}
+			}
+			d := route(t, r, "k1", now) // bound to r1
+			if d.Replica == "r1" || d.Reason != ReasonReplaced || d.Previous != "r1" {
+				t.Fatalf("turn of a conversation on the down replica: %+v", d)
+			}
+			// survivors stay
+			for _, k := range []string{"k0", "k2", "k3", "k5"} {
+				if d := route(t, r, k, now); d.Reason != ReasonSticky {
+					t.Fatalf("%s: %v, want sticky", k, d.Reason)
+				}
+			}
+			tc.down(r, "r1", false)
+			if row := replicaRow(t, r, "r1"); !row.Available || row.Out != 0 {
+				t.Fatalf("r1 back: %+v", row)
+			}
+			// k4 was bound to r1 and had no turn during the outage: it is
+			// placed by load, as a new conversation would be (r1 is the
+			// least loaded now, so by load it may well land there)
+			d = route(t, r, "k4", now)
+			if d.Reason != ReasonReplaced {
+				t.Fatalf("k4 after the outage: %v, want re-placed", d.Reason)
+			}
+			if d2 := route(t, r, "k4", now); d2.Reason != ReasonSticky || d2.Replica != d.Replica {
+				t.Fatalf("k4 next turn: %+v, want sticky on %s", d2, d.Replica)
+			}
+			if d := route(t, r, "k1", now); d.Replica == "r1" || d.Reason != ReasonSticky {
+				t.Fatalf("k1 went back to r1 on its own: %+v", d)
+			}
+		})
+	}
+}
+
+// A failed request puts its replica in a cool-down at once: the next
+// placements avoid it; further failures lengthen it; a success ends the run.
+func TestProxyFailureCooldown(t *testing.T) {
+	r := newTestRouter(2, Config{FailCooldown: time.Second, MaxFailCooldown: 4 * time.Second})
+	d, err := r.Route(Request{Key: "a", Pin: "r0", Now: t0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Failed(t0)
+	d.Release()
+	d.Failed(t0) // after Release: nothing
+	row := replicaRow(t, r, "r0")
+	if row.Available || row.Out != CauseProxy || row.ProxyFailures != 1 || !row.CooldownUntil.Equal(t0.Add(time.Second)) {
+		t.Fatalf("r0 after one failure: %+v", row)
+	}
+	for i := range 10 {
+		if d := route(t, r, fmt.Sprintf("n%d", i), t0); d.Replica != "r1" {
+			t.Fatalf("placed on the cooling replica: %+v", d)
+		}
+	}
+	// one failure does not move r0's conversations once it is back
+	if d := route(t, r, "a", t0.Add(500*time.Millisecond)); d.Reason != ReasonReplaced || d.Replica != "r1" {
+		t.Fatalf("turn during cool-down: %+v", d)
+	}
+	bindTo(t, r, "b", "r0", t0.Add(2*time.Second))
+	if d := route(t, r, "b", t0.Add(2*time.Second)); d.Reason != ReasonSticky {
+		t.Fatalf("after the cool-down: %+v", d)
+	}
+
+	// failures in a row: 1s, 2s, 4s, 4s (capped); the second orphans
+	now := t0.Add(10 * time.Second)
+	d, _ = r.Route(Request{Pin: "r0", Now: now})
+	d.Succeeded() // ends the run of the first failure
+	d.Release()
+	var want []time.Duration
+	r0 := r.reps[r.byID["r0"]]
+	for range 4 {
+		// requests sent before the first failure fail one after another
+		r.fail(r0, now.UnixNano())
+		want = append(want, replicaRow(t, r, "r0").CooldownUntil.Sub(now))
+	}
+	if !slices.Equal(want, []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 4 * time.Second}) {
+		t.Fatalf("cool-downs %v", want)
+	}
+	if d := route(t, r, "b", now.Add(5*time.Second)); d.Reason != ReasonReplaced {
+		t.Fatalf("conversation of a replica failing in a row: %+v, want re-placed", d)
+	}
+	// a success ends the run: the next failure starts at 1s again
+	d, _ = r.Route(Request{Pin: "r0", Now: now.Add(5 * time.Second)})
+	d.Succeeded()
+	d.Release()
+	d, _ = r.Route(Request{Pin: "r0", Now: now.Add(6 * time.Second)})
+	d.Failed(now.Add(6 * time.Second))
+	d.Release()
+	if got := replicaRow(t, r, "r0").CooldownUntil.Sub(now.Add(6 * time.Second)); got != time.Second {
+		t.Fatalf("cool-down after a success: %v", got)
+	}
+	// the poll seeing a restarted server clears the cool-down
+	r.SetPollDown("r0", true)
+	r.SetPollDown("r0", false)
+	if row := replicaRow(t, r, "r0"); !row.Available {
+		t.Fatalf("r0 after coming back: %+v", row)
+	}
+}
+
+// When every replica is out for what the router inferred (poll failures,
+// proxy errors), requests are still served; health checks and exclusions
+// stay binding.
+func TestAllOutFallback(t *testing.T) {
+	r := newTestRouter(2, Config{})
+	r.SetPollDown("r0", true)
+	r.SetPollDown("r1", true)
+	if _, err := r.Route(Request{Key: "x", Now: t0}); err != nil {
+		t.Fatalf("all polls failing: %v", err)
+	}
+	if _, err := r.Route(Request{Now: t0}); err != nil {
+		t.Fatalf("all polls failing, no key: %v", err)
+	}
+	r.SetHealthDown("r0", true)
+	for range 5 {
+		if d := route(t, r, "y", t0); d.Replica != "r1" {
+			t.Fatalf("health-down replica chosen: %+v", d)
+		}
+	}
+	r.SetHealthDown("r1", true)
+	if _, err := r.Route(Request{Key: "z", Now: t0}); !errors.Is(err, ErrNoReplica) {
+		t.Fatalf("every replica health-down: %v", err)
+	}
+}
+
+func TestCauseNames(t *testing.T) {
+	if got := (CausePoll | CauseHealth).String(); got != "poll failure, health check" {
+		t.Fatalf("%q", got)
+	}
+	if Cause(0).String() != "" {
+		t.Fatal("no cause must be empty")
+	}
+}

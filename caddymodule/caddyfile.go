@@ -33,6 +33,7 @@ func parseHandlerCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler,
 //	    fingerprint_bytes   <size>
 //	    model_var           on|off
 //	    max_body            <size>
+//	    error_response      api|caddy
 //	}
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // directive name
@@ -84,6 +85,15 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			} else {
 				h.FingerprintBytes = int(n)
 			}
+		case "error_response":
+			var v string
+			if !d.AllArgs(&v) {
+				return d.ArgErr()
+			}
+			if v != "api" && v != "caddy" {
+				return d.Errf("error_response must be api or caddy, got %q", v)
+			}
+			h.ErrorResponse = v
 		default:
 			return d.Errf("unrecognized lm_warden option %q", opt)
 		}

@@ -7,6 +7,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	"github.com/lmwarden/caddy-lmwarden/vllmstats"
 )
 
 func ptr[T any](v T) *T { return &v }
@@ -132,6 +134,12 @@ func TestHandlerCaddyfile(t *testing.T) {
 			session_headers
 		}`, Handler{}, true},
 		{"argument", `lm_warden now`, Handler{}, true},
+		{"error_response", `lm_warden {
+			error_response caddy
+		}`, Handler{ErrorResponse: "caddy"}, false},
+		{"bad error_response", `lm_warden {
+			error_response html
+		}`, Handler{}, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -148,12 +156,12 @@ func TestHandlerCaddyfile(t *testing.T) {
 }
 
 func TestAPIOf(t *testing.T) {
-	for path, want := range map[string]apiKind{
-		"/v1/messages":              apiAnthropic,
-		"/v1/messages/count_tokens": apiAnthropic,
-		"/v1/chat/completions":      apiOpenAI,
-		"/v1/completions":           apiOpenAI,
-		"/v1/models":                apiOpenAI,
+	for path, want := range map[string]vllmstats.API{
+		"/v1/messages":              vllmstats.APIAnthropic,
+		"/v1/messages/count_tokens": vllmstats.APIAnthropic,
+		"/v1/chat/completions":      vllmstats.APIOpenAI,
+		"/v1/completions":           vllmstats.APIOpenAI,
+		"/v1/models":                vllmstats.APIOpenAI,
 	} {
 		if got := apiOf(path); got != want {
 			t.Errorf("%s: %v, want %v", path, got, want)

@@ -5,25 +5,20 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+
+	"github.com/lmwarden/caddy-lmwarden/vllmstats"
 )
 
-// apiKind tells which API a request speaks, so errors come back in a shape
-// its client understands and usage is read in the right format.
-type apiKind uint8
-
-const (
-	apiOpenAI apiKind = iota
-	apiAnthropic
-)
-
-// apiOf classifies a request path: Anthropic's Messages API lives under
-// /v1/messages (Claude Code may add a query string, which is not part of the
-// path); everything else is treated as OpenAI-compatible.
-func apiOf(path string) apiKind {
+// apiOf classifies a request path, so errors come back in a shape its
+// client understands and usage is read in the right format: Anthropic's
+// Messages API lives under /v1/messages (Claude Code may add a query string,
+// which is not part of the path); everything else is treated as
+// OpenAI-compatible.
+func apiOf(path string) vllmstats.API {
 	if strings.Contains(path, "/v1/messages") {
-		return apiAnthropic
+		return vllmstats.APIAnthropic
 	}
-	return apiOpenAI
+	return vllmstats.APIOpenAI
 }
 
 type anthropicError struct {
@@ -43,24 +38,24 @@ type openAIError struct {
 }
 
 // errorType names the error class for a status in each API's vocabulary.
-func errorType(api apiKind, status int) string {
+func errorType(api vllmstats.API, status int) string {
 	switch status {
 	case http.StatusRequestEntityTooLarge:
 		return "request_too_large"
 	case http.StatusServiceUnavailable:
-		if api == apiAnthropic {
+		if api == vllmstats.APIAnthropic {
 			return "overloaded_error"
 		}
 		return "service_unavailable"
 	case http.StatusBadGateway, http.StatusGatewayTimeout:
-		if api == apiAnthropic {
+		if api == vllmstats.APIAnthropic {
 			return "api_error"
 		}
 		return "bad_gateway"
 	case http.StatusBadRequest:
 		return "invalid_request_error"
 	}
-	if api == apiAnthropic {
+	if api == vllmstats.APIAnthropic {
 		return "api_error"
 	}
 	return "server_error"
@@ -69,9 +64,9 @@ func errorType(api apiKind, status int) string {
 // writeAPIError answers with a JSON error in the request's API format:
 // Anthropic {"type":"error","error":{"type":…,"message":…}} or OpenAI
 // {"error":{"message":…,"type":…,"code":status}}.
-func writeAPIError(w http.ResponseWriter, api apiKind, status int, msg string) {
+func writeAPIError(w http.ResponseWriter, api vllmstats.API, status int, msg string) {
 	var body []byte
-	if api == apiAnthropic {
+	if api == vllmstats.APIAnthropic {
 		var e anthropicError
 		e.Type = "error"
 		e.Error.Type = errorType(api, status)

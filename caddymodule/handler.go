@@ -1,24 +1,15 @@
 package caddymodule
 
 import (
-	"bytes"
-	"context"
 	"errors"
 	"fmt"
-	"io"
-	"mime"
 	"net/http"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
-
-	"github.com/lmwarden/caddy-lmwarden/placement"
-	"github.com/lmwarden/caddy-lmwarden/vllmstats"
 )
 
 func init() {
@@ -91,6 +82,17 @@ type Handler struct {
 	// with 413 and a JSON error in the API's format. Default 32 MiB.
 	MaxBody int64 `json:"max_body,omitempty"`
 
+	// How the failures the handler meets are answered: no replica
+	// available or answering (503, 502, 504) and a body over max_body
+	// (413). "api" (the default): when the server has error routes
+	// (handle_errors), the error goes to them as any handler's error does;
+	// otherwise the client gets a JSON error in its API's format
+	// (Anthropic or OpenAI), and the failure is logged as Caddy logs
+	// errors (error level for 5xx). "caddy": the error always goes to
+	// Caddy, so without handle_errors the client gets an empty response
+	// with the status.
+	ErrorResponse string `json:"error_response,omitempty"`
+
 	keys   keyExtractor
 	logger *zap.Logger
 }
@@ -141,37 +143,10 @@ func (h *Handler) Validate() error {
 	if h.FingerprintBytes < 0 {
 		return fmt.Errorf("fingerprint_bytes must not be negative, got %d", h.FingerprintBytes)
 	}
-	return nil
-}
-
-// routeState is what one request carries between the handler, the policy and
-// the response wrapper. The policy fills model and dec; the handler releases
-// dec when the response ends. Only the request's goroutine touches it.
-type routeState struct {
-	key, parent string
-	api         apiKind
-	model       *modelState // set by the policy that routed the request
-	dec         placement.Decision
-	routed      bool
-	detached    bool       // routed without the handler: the slot is freed with the request context
-	rb          replayBody // the request body the handler read and put back (rb.b != nil), rewound on retries
-	ntried      int
-	tried       [4]string // replicas chosen for this request so far
-	extra       []string  // more of them, past len(tried)
-}
-
-func (st *routeState) addTried(id string) {
-	if st.ntried < len(st.tried) {
-		st.tried[st.ntried] = id
-		st.ntried++
-		return
+	if h.ErrorResponse != "" && h.ErrorResponse != "api" && h.ErrorResponse != "caddy" {
+		return fmt.Errorf("error_response must be api or caddy, got %q", h.ErrorResponse)
 	}
-	st.extra = append(st.extra, id)
-}
-
-func (st *routeState) triedList(dst []string) []string {
-	dst = append(dst, st.tried[:st.ntried]...)
-	return append(dst, st.extra...)
+	return nil
 }
 
 // ServeHTTP implements caddyhttp.MiddlewareHandler.
@@ -196,9 +171,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			model, body, tooBig, err = h.peekModel(r, &st.rb)
 		}
 		if tooBig {
-			writeAPIError(w, st.api, http.StatusRequestEntityTooLarge,
-				fmt.Sprintf("request body is larger than the gateway's limit of %d bytes", h.MaxBody))
-			return nil
+			return h.fail(w, r, st, caddyhttp.Error(http.StatusRequestEntityTooLarge,
+				fmt.Errorf("request body is larger than the gateway's limit of %d bytes", h.MaxBody)))
 		}
 		if err != nil {
 			return caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("reading request body: %w", err))
@@ -235,14 +209,42 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			rw.failed()
 		}
 		if errors.As(err, &herr) && (herr.StatusCode == http.StatusServiceUnavailable || herr.StatusCode == http.StatusBadGateway || herr.StatusCode == http.StatusGatewayTimeout) {
-			writeAPIError(rw, st.api, herr.StatusCode, noReplicaMessage(st, herr.StatusCode))
-			if h.logger != nil {
-				h.logger.Debug("no replica answered", zap.String("key", st.key), zap.Error(err))
-			}
-			return nil
+			return h.fail(rw, r, st, err)
 		}
 	}
 	return err
+}
+
+// fail hands a failure (a caddyhttp.HandlerError) to Caddy, or answers it
+// with a JSON error in the request's API format; see ErrorResponse.
+func (h *Handler) fail(w http.ResponseWriter, r *http.Request, st *routeState, err error) error {
+	var herr caddyhttp.HandlerError
+	if !errors.As(err, &herr) || h.ErrorResponse == "caddy" || hasErrorRoutes(r) {
+		return err
+	}
+	msg := herr.Err.Error()
+	if herr.StatusCode != http.StatusRequestEntityTooLarge {
+		msg = noReplicaMessage(st, herr.StatusCode)
+	}
+	writeAPIError(w, st.api, herr.StatusCode, msg)
+	if h.logger != nil {
+		level := zap.DebugLevel
+		if herr.StatusCode >= 500 {
+			level = zap.ErrorLevel
+		}
+		if c := h.logger.Check(level, msg); c != nil {
+			c.Write(zap.Int("status", herr.StatusCode), zap.String("key", st.key),
+				zap.String("uri", r.RequestURI), zap.Error(err))
+		}
+	}
+	return nil
+}
+
+// hasErrorRoutes reports whether the request's server has error routes
+// (handle_errors) to render a handler's error.
+func hasErrorRoutes(r *http.Request) bool {
+	srv, _ := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
+	return srv != nil && srv.Errors != nil && len(srv.Errors.Routes) > 0
 }
 
 // requestVars returns the request's variables (what caddyhttp.SetVar and
@@ -277,16 +279,13 @@ func (h *Handler) finish(rw *responseWatcher) {
 		rw.failed()
 		defer panic(v)
 	}
-	st := rw.st
-	if st.routed {
-		st.dec.Release()
-		if rw.parser != nil && st.model != nil && rw.status >= 200 && rw.status < 300 {
-			st.model.recordUsage(st.dec.Replica, rw.parser.Usage(), time.Now())
-		}
-	}
 	if rw.parser != nil {
+		u := rw.parser.Usage()
+		rw.st.finished(rw.status, &u, time.Now())
 		putParser(rw.parser)
 		rw.parser = nil
+	} else {
+		rw.st.finished(rw.status, nil, time.Now())
 	}
 	// The request's variables are left alone: the proxy's transport may
 	// still be dialling for this request in another goroutine (a client
@@ -295,284 +294,9 @@ func (h *Handler) finish(rw *responseWatcher) {
 	watcherPool.Put(rw)
 }
 
-// hasJSONBody reports whether the request may carry a JSON body worth
-// reading: a method with a body, no content coding, a JSON (or absent)
-// content type.
-func hasJSONBody(r *http.Request) bool {
-	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 {
-		return false
-	}
-	if r.Header.Get("Content-Encoding") != "" {
-		return false
-	}
-	ct := r.Header.Get("Content-Type")
-	if ct == "" {
-		return true
-	}
-	if strings.EqualFold(ct, jsonType) {
-		// what clients send: no parameters to parse
-		return true
-	}
-	mt, _, err := mime.ParseMediaType(ct)
-	if err != nil {
-		return false
-	}
-	return mt == "application/json" || strings.HasSuffix(mt, "+json")
-}
-
-const jsonType = "application/json"
-
-// readBody reads the whole body, bounded by MaxBody, and puts it back so the
-// proxy (and its retries) send it unchanged. tooBig reports a body over the
-// limit; the body is then not restored, since the request is refused.
-func (h *Handler) readBody(r *http.Request, rb *replayBody) (body []byte, tooBig bool, err error) {
-	if r.ContentLength > h.MaxBody {
-		return nil, true, nil
-	}
-	if r.ContentLength > 0 {
-		// known length: one exact allocation
-		body = make([]byte, r.ContentLength)
-		if _, err := io.ReadFull(r.Body, body); err != nil {
-			return nil, false, err
-		}
-	} else {
-		b := bytes.NewBuffer(make([]byte, 0, 16<<10))
-		n, err := b.ReadFrom(io.LimitReader(r.Body, h.MaxBody+1))
-		if err != nil {
-			return nil, false, err
-		}
-		if n > h.MaxBody {
-			return nil, true, nil
-		}
-		body = b.Bytes()
-	}
-	h.replay(r, body, rb)
-	return body, false, nil
-}
-
-// replay puts body, read in full, back as the request's body.
-func (h *Handler) replay(r *http.Request, body []byte, rb *replayBody) {
-	_ = r.Body.Close()
-	rb.b, rb.off = body, 0
-	r.Body = rb
-	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
-	r.ContentLength = int64(len(body))
-	r.TransferEncoding = nil
-	r.Header.Del("Transfer-Encoding")
-}
-
-// replayBody is the request body put back after reading it. The proxy
-// reuses one request body for all attempts of a request, so when an upstream
-// read the body and its answer is retried (lb_retry_match on a response),
-// the next attempt would send nothing; the policy rewinds it before every
-// retry.
-type replayBody struct {
-	mu  sync.Mutex
-	b   []byte
-	off int
-}
-
-func (rb *replayBody) Read(p []byte) (int, error) {
-	rb.mu.Lock()
-	defer rb.mu.Unlock()
-	if rb.off >= len(rb.b) {
-		return 0, io.EOF
-	}
-	n := copy(p, rb.b[rb.off:])
-	rb.off += n
-	return n, nil
-}
-
-// WriteTo lets io.Copy send the rest in one write.
-func (rb *replayBody) WriteTo(w io.Writer) (int64, error) {
-	rb.mu.Lock()
-	rest := rb.b[rb.off:]
-	rb.off = len(rb.b)
-	rb.mu.Unlock()
-	n, err := w.Write(rest)
-	return int64(n), err
-}
-
-func (rb *replayBody) Close() error { return nil }
-
-// rewind makes the next read start at the body's first byte again.
-func (rb *replayBody) rewind() {
-	rb.mu.Lock()
-	rb.off = 0
-	rb.mu.Unlock()
-}
-
-// peekSize is how much of a body's start peekModel reads for the model.
-const peekSize = 4 << 10
-
-// peekModel finds the body's "model" field when nothing else in the body is
-// needed (the key came from a header). Clients put the model first, so for
-// a body of known length over peekSize it reads only the first peekSize
-// bytes and, when they hold the whole top-level "model" member, sends the
-// body on as those bytes followed by the unread rest: a megabyte
-// conversation is then streamed to the replica, not copied. Such a body is
-// not kept for retries after an upstream has read it (as with Caddy's own
-// unbuffered bodies; reverse_proxy's request_buffers keeps it). Otherwise it
-// reads the whole body as readBody does and returns it in body.
-func (h *Handler) peekModel(r *http.Request, rb *replayBody) (model string, body []byte, tooBig bool, err error) {
-	n := r.ContentLength
-	if n > h.MaxBody {
-		return "", nil, true, nil
-	}
-	if n <= peekSize {
-		body, tooBig, err = h.readBody(r, rb)
-		return "", body, tooBig, err
-	}
-	head := make([]byte, peekSize)
-	if _, err := io.ReadFull(r.Body, head); err != nil {
-		return "", nil, false, err
-	}
-	if m, ok := modelFromPrefix(bytesView(head)); ok {
-		r.Body = &prefixBody{Reader: io.MultiReader(bytes.NewReader(head), r.Body), body: r.Body}
-		return m, nil, false, nil
-	}
-	body = make([]byte, n)
-	copy(body, head)
-	if _, err := io.ReadFull(r.Body, body[peekSize:]); err != nil {
-		return "", nil, false, err
-	}
-	h.replay(r, body, rb)
-	return "", body, false, nil
-}
-
-// modelFromPrefix returns the top-level "model" string of a JSON document
-// of which prefix is the start; ok is false when prefix ends before the
-// member does (or before it is reached).
-func modelFromPrefix(prefix string) (model string, ok bool) {
-	v := gjson.Get(prefix, "model")
-	if !v.Exists() {
-		return "", false
-	}
-	end := v.Index + len(v.Raw)
-	if v.Index <= 0 || end >= len(prefix) {
-		return "", false
-	}
-	if v.Type == gjson.String && (len(v.Raw) < 2 || v.Raw[len(v.Raw)-1] != '"') {
-		return "", false
-	}
-	if v.Type != gjson.String {
-		return "", true
-	}
-	return strings.Clone(clip(v.Str)), true
-}
-
-// prefixBody is a body whose start was read: the start, then the rest.
-type prefixBody struct {
-	io.Reader
-	body io.ReadCloser
-}
-
-func (pb *prefixBody) Close() error { return pb.body.Close() }
-
-// responseWatcher passes the response through unchanged and at once, and
-// feeds a copy of the bytes to the usage parser. Watchers are pooled: one is
-// taken per request and put back when the handler returns.
-type responseWatcher struct {
-	caddyhttp.ResponseWriterWrapper
-	ctx         context.Context // the request's: done when the client has gone
-	answered    bool            // the replica's answer was reported a success
-	failReport  bool            // the request's failure was reported
-	st          *routeState
-	parser      *vllmstats.UsageParser
-	measure     bool
-	wroteHeader bool
-	status      int
-	encoded     bool // the response has a Content-Encoding: usage cannot be read
-}
-
-var watcherPool = sync.Pool{New: func() any { return new(responseWatcher) }}
-
-// WriteHeader starts usage parsing for successful generation responses.
-func (rw *responseWatcher) WriteHeader(status int) {
-	if rw.wroteHeader {
-		rw.ResponseWriterWrapper.WriteHeader(status)
-		return
-	}
-	if status >= 100 && status < 200 {
-		rw.ResponseWriterWrapper.WriteHeader(status)
-		return
-	}
-	rw.wroteHeader = true
-	rw.status = status
-	if rw.st.routed && !rw.answered {
-		// the replica answered: a 5xx is its failure, anything else ends
-		// its run of failures (a stream it cuts later is still one)
-		if status >= 500 {
-			rw.failed()
-		} else {
-			rw.answered = true
-			rw.st.dec.Succeeded()
-		}
-	}
-	rw.encoded = rw.Header().Get("Content-Encoding") != ""
-	if rw.measure && rw.st.routed && status >= 200 && status < 300 {
-		h := rw.Header()
-		if !rw.encoded {
-			stream := strings.HasPrefix(h.Get("Content-Type"), "text/event-stream")
-			api := vllmstats.APIOpenAI
-			if rw.st.api == apiAnthropic {
-				api = vllmstats.APIAnthropic
-			}
-			rw.parser = getParser(api, stream)
-		} else {
-			// compressed: cannot read usage; the request still counts, unmeasured
-			rw.parser = getParser(vllmstats.APIOpenAI, false)
-		}
-	}
-	rw.ResponseWriterWrapper.WriteHeader(status)
-}
-
-// failed reports the request's failure at its replica, once, unless the
-// client went away first (then the replica is not to blame).
-func (rw *responseWatcher) failed() {
-	if rw.failReport || rw.st == nil || !rw.st.routed || (rw.ctx != nil && rw.ctx.Err() != nil) {
-		return
-	}
-	rw.failReport = true
-	rw.st.dec.Failed(time.Time{})
-}
-
-// Write passes b through and parses a copy.
-func (rw *responseWatcher) Write(b []byte) (int, error) {
-	if !rw.wroteHeader {
-		rw.WriteHeader(http.StatusOK)
-	}
-	n, err := rw.ResponseWriterWrapper.Write(b)
-	if rw.parser != nil && n > 0 && !rw.encoded {
-		_, _ = rw.parser.Write(b[:n])
-	}
-	return n, err
-}
-
-// ReadFrom keeps io.Copy going through Write, so the parser sees the bytes.
-func (rw *responseWatcher) ReadFrom(src io.Reader) (int64, error) {
-	return io.Copy(writerOnly{rw}, src)
-}
-
-type writerOnly struct{ io.Writer }
-
-var parserPool sync.Pool
-
-func getParser(api vllmstats.API, stream bool) *vllmstats.UsageParser {
-	if p, ok := parserPool.Get().(*vllmstats.UsageParser); ok {
-		p.Reset(api, stream)
-		return p
-	}
-	return vllmstats.NewUsageParser(api, stream)
-}
-
-func putParser(p *vllmstats.UsageParser) { parserPool.Put(p) }
-
 // Interface guards
 var (
 	_ caddy.Provisioner           = (*Handler)(nil)
 	_ caddy.Validator             = (*Handler)(nil)
 	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
-	_ http.ResponseWriter         = (*responseWatcher)(nil)
-	_ io.ReaderFrom               = (*responseWatcher)(nil)
 )

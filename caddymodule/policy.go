@@ -1,7 +1,6 @@
 package caddymodule
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -455,17 +454,7 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 			vars[varRoute] = st
 		}
 	}
-	if st.routed {
-		// a previous attempt of this request failed (a retry): its replica
-		// failed it, and its slot is freed
-		st.dec.Failed(time.Time{})
-		st.dec.Release()
-		st.routed = false
-		if st.rb.b != nil {
-			// the failed attempt may have sent (part of) the body
-			st.rb.rewind()
-		}
-	}
+	st.beginAttempt()
 
 	var buf [8]string
 	exclude := buf[:0]
@@ -501,12 +490,7 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 	if at.rank >= 0 {
 		r.Header.Set(RankHeader, p.ranks[at.rank])
 	}
-	st.dec, st.routed, st.model = dec, true, p.m
-	st.addTried(dec.Replica)
-	if st.detached {
-		// nobody watches the response end: free the slot with the request
-		context.AfterFunc(r.Context(), dec.Release)
-	}
+	st.routedTo(r, dec, p.m)
 	reason := int(dec.Reason)
 	if reason >= numReasons {
 		reason = 0

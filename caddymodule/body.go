@@ -1,0 +1,189 @@
+package caddymodule
+
+import (
+	"bytes"
+	"io"
+	"mime"
+	"net/http"
+	"strings"
+	"sync"
+
+	"github.com/tidwall/gjson"
+)
+
+// Reading the request body for its keys and model, and putting it back for
+// the proxy and its retries.
+
+// hasJSONBody reports whether the request may carry a JSON body worth
+// reading: a method with a body, no content coding, a JSON (or absent)
+// content type.
+func hasJSONBody(r *http.Request) bool {
+	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 {
+		return false
+	}
+	if r.Header.Get("Content-Encoding") != "" {
+		return false
+	}
+	ct := r.Header.Get("Content-Type")
+	if ct == "" {
+		return true
+	}
+	if strings.EqualFold(ct, jsonType) {
+		// what clients send: no parameters to parse
+		return true
+	}
+	mt, _, err := mime.ParseMediaType(ct)
+	if err != nil {
+		return false
+	}
+	return mt == "application/json" || strings.HasSuffix(mt, "+json")
+}
+
+const jsonType = "application/json"
+
+// readBody reads the whole body, bounded by MaxBody, and puts it back so the
+// proxy (and its retries) send it unchanged. tooBig reports a body over the
+// limit; the body is then not restored, since the request is refused.
+func (h *Handler) readBody(r *http.Request, rb *replayBody) (body []byte, tooBig bool, err error) {
+	if r.ContentLength > h.MaxBody {
+		return nil, true, nil
+	}
+	if r.ContentLength > 0 {
+		// known length: one exact allocation
+		body = make([]byte, r.ContentLength)
+		if _, err := io.ReadFull(r.Body, body); err != nil {
+			return nil, false, err
+		}
+	} else {
+		b := bytes.NewBuffer(make([]byte, 0, 16<<10))
+		n, err := b.ReadFrom(io.LimitReader(r.Body, h.MaxBody+1))
+		if err != nil {
+			return nil, false, err
+		}
+		if n > h.MaxBody {
+			return nil, true, nil
+		}
+		body = b.Bytes()
+	}
+	h.replay(r, body, rb)
+	return body, false, nil
+}
+
+// replay puts body, read in full, back as the request's body.
+func (h *Handler) replay(r *http.Request, body []byte, rb *replayBody) {
+	_ = r.Body.Close()
+	rb.b, rb.off = body, 0
+	r.Body = rb
+	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	r.ContentLength = int64(len(body))
+	r.TransferEncoding = nil
+	r.Header.Del("Transfer-Encoding")
+}
+
+// replayBody is the request body put back after reading it. The proxy
+// reuses one request body for all attempts of a request, so when an upstream
+// read the body and its answer is retried (lb_retry_match on a response),
+// the next attempt would send nothing; the policy rewinds it before every
+// retry.
+type replayBody struct {
+	mu  sync.Mutex
+	b   []byte
+	off int
+}
+
+func (rb *replayBody) Read(p []byte) (int, error) {
+	rb.mu.Lock()
+	defer rb.mu.Unlock()
+	if rb.off >= len(rb.b) {
+		return 0, io.EOF
+	}
+	n := copy(p, rb.b[rb.off:])
+	rb.off += n
+	return n, nil
+}
+
+// WriteTo lets io.Copy send the rest in one write.
+func (rb *replayBody) WriteTo(w io.Writer) (int64, error) {
+	rb.mu.Lock()
+	rest := rb.b[rb.off:]
+	rb.off = len(rb.b)
+	rb.mu.Unlock()
+	n, err := w.Write(rest)
+	return int64(n), err
+}
+
+func (rb *replayBody) Close() error { return nil }
+
+// rewind makes the next read start at the body's first byte again.
+func (rb *replayBody) rewind() {
+	rb.mu.Lock()
+	rb.off = 0
+	rb.mu.Unlock()
+}
+
+// peekSize is how much of a body's start peekModel reads for the model.
+const peekSize = 4 << 10
+
+// peekModel finds the body's "model" field when nothing else in the body is
+// needed (the key came from a header). Clients put the model first, so for
+// a body of known length over peekSize it reads only the first peekSize
+// bytes and, when they hold the whole top-level "model" member, sends the
+// body on as those bytes followed by the unread rest: a megabyte
+// conversation is then streamed to the replica, not copied. Such a body is
+// not kept for retries after an upstream has read it (as with Caddy's own
+// unbuffered bodies; reverse_proxy's request_buffers keeps it). Otherwise it
+// reads the whole body as readBody does and returns it in body.
+func (h *Handler) peekModel(r *http.Request, rb *replayBody) (model string, body []byte, tooBig bool, err error) {
+	n := r.ContentLength
+	if n > h.MaxBody {
+		return "", nil, true, nil
+	}
+	if n <= peekSize {
+		body, tooBig, err = h.readBody(r, rb)
+		return "", body, tooBig, err
+	}
+	head := make([]byte, peekSize)
+	if _, err := io.ReadFull(r.Body, head); err != nil {
+		return "", nil, false, err
+	}
+	if m, ok := modelFromPrefix(bytesView(head)); ok {
+		r.Body = &prefixBody{Reader: io.MultiReader(bytes.NewReader(head), r.Body), body: r.Body}
+		return m, nil, false, nil
+	}
+	body = make([]byte, n)
+	copy(body, head)
+	if _, err := io.ReadFull(r.Body, body[peekSize:]); err != nil {
+		return "", nil, false, err
+	}
+	h.replay(r, body, rb)
+	return "", body, false, nil
+}
+
+// modelFromPrefix returns the top-level "model" string of a JSON document
+// of which prefix is the start; ok is false when prefix ends before the
+// member does (or before it is reached).
+func modelFromPrefix(prefix string) (model string, ok bool) {
+	v := gjson.Get(prefix, "model")
+	if !v.Exists() {
+		return "", false
+	}
+	end := v.Index + len(v.Raw)
+	if v.Index <= 0 || end >= len(prefix) {
+		return "", false
+	}
+	if v.Type == gjson.String && (len(v.Raw) < 2 || v.Raw[len(v.Raw)-1] != '"') {
+		return "", false
+	}
+	if v.Type != gjson.String {
+		return "", true
+	}
+	return strings.Clone(clip(v.Str)), true
+}
+
+// prefixBody is a body whose start was read: the start, then the rest.
+type prefixBody struct {
+	io.Reader
+	body io.ReadCloser
+}
+
+func (pb *prefixBody) Close() error { return pb.body.Close() }

@@ -1,0 +1,80 @@
+package caddymodule
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"github.com/lmwarden/caddy-lmwarden/placement"
+	"github.com/lmwarden/caddy-lmwarden/vllmstats"
+)
+
+// routeState is what one request carries between the handler, the policy and
+// the response wrapper. The policy fills model and dec; the handler releases
+// dec when the response ends. Only the request's goroutine touches it.
+type routeState struct {
+	key, parent string
+	api         vllmstats.API
+	model       *modelState // set by the policy that routed the request
+	dec         placement.Decision
+	routed      bool
+	detached    bool       // routed without the handler: the slot is freed with the request context
+	rb          replayBody // the request body the handler read and put back (rb.b != nil), rewound on retries
+	ntried      int
+	tried       [4]string // replicas chosen for this request so far
+	extra       []string  // more of them, past len(tried)
+}
+
+func (st *routeState) addTried(id string) {
+	if st.ntried < len(st.tried) {
+		st.tried[st.ntried] = id
+		st.ntried++
+		return
+	}
+	st.extra = append(st.extra, id)
+}
+
+func (st *routeState) triedList(dst []string) []string {
+	dst = append(dst, st.tried[:st.ntried]...)
+	return append(dst, st.extra...)
+}
+
+// beginAttempt readies the state for an attempt of its request: a previous
+// attempt that got this far failed (the proxy retries), so its replica is
+// told, its slot freed and the body put back to its first byte.
+func (st *routeState) beginAttempt() {
+	if !st.routed {
+		return
+	}
+	st.dec.Failed(time.Time{})
+	st.dec.Release()
+	st.routed = false
+	if st.rb.b != nil {
+		// the failed attempt may have sent (part of) the body
+		st.rb.rewind()
+	}
+}
+
+// routedTo records the policy's decision for this attempt. Without the
+// handler nobody watches the response end, so the slot is freed with the
+// request's context.
+func (st *routeState) routedTo(r *http.Request, dec placement.Decision, m *modelState) {
+	st.dec, st.routed, st.model = dec, true, m
+	st.addTried(dec.Replica)
+	if st.detached {
+		context.AfterFunc(r.Context(), dec.Release)
+	}
+}
+
+// finished frees the request's slot when its response has ended and
+// records the tokens the replica reported for a successful answer (u is
+// nil when the response was not measured).
+func (st *routeState) finished(status int, u *vllmstats.Usage, now time.Time) {
+	if !st.routed {
+		return
+	}
+	st.dec.Release()
+	if u != nil && st.model != nil && status >= 200 && status < 300 {
+		st.model.recordUsage(st.dec.Replica, *u, now)
+	}
+}

@@ -1,0 +1,115 @@
+package caddymodule
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/lmwarden/caddy-lmwarden/vllmstats"
+)
+
+// responseWatcher passes the response through unchanged and at once, and
+// feeds a copy of the bytes to the usage parser. Watchers are pooled: one is
+// taken per request and put back when the handler returns.
+type responseWatcher struct {
+	caddyhttp.ResponseWriterWrapper
+	ctx         context.Context // the request's: done when the client has gone
+	answered    bool            // the replica's answer was reported a success
+	failReport  bool            // the request's failure was reported
+	st          *routeState
+	parser      *vllmstats.UsageParser
+	measure     bool
+	wroteHeader bool
+	status      int
+	encoded     bool // the response has a Content-Encoding: usage cannot be read
+}
+
+var watcherPool = sync.Pool{New: func() any { return new(responseWatcher) }}
+
+// WriteHeader starts usage parsing for successful generation responses.
+func (rw *responseWatcher) WriteHeader(status int) {
+	if rw.wroteHeader {
+		rw.ResponseWriterWrapper.WriteHeader(status)
+		return
+	}
+	if status >= 100 && status < 200 {
+		rw.ResponseWriterWrapper.WriteHeader(status)
+		return
+	}
+	rw.wroteHeader = true
+	rw.status = status
+	if rw.st.routed && !rw.answered {
+		// the replica answered: a 5xx is its failure, anything else ends
+		// its run of failures (a stream it cuts later is still one)
+		if status >= 500 {
+			rw.failed()
+		} else {
+			rw.answered = true
+			rw.st.dec.Succeeded()
+		}
+	}
+	rw.encoded = rw.Header().Get("Content-Encoding") != ""
+	if rw.measure && rw.st.routed && status >= 200 && status < 300 {
+		h := rw.Header()
+		if !rw.encoded {
+			stream := strings.HasPrefix(h.Get("Content-Type"), "text/event-stream")
+			rw.parser = getParser(rw.st.api, stream)
+		} else {
+			// compressed: cannot read usage; the request still counts, unmeasured
+			rw.parser = getParser(vllmstats.APIOpenAI, false)
+		}
+	}
+	rw.ResponseWriterWrapper.WriteHeader(status)
+}
+
+// failed reports the request's failure at its replica, once, unless the
+// client went away first (then the replica is not to blame).
+func (rw *responseWatcher) failed() {
+	if rw.failReport || rw.st == nil || !rw.st.routed || (rw.ctx != nil && rw.ctx.Err() != nil) {
+		return
+	}
+	rw.failReport = true
+	rw.st.dec.Failed(time.Time{})
+}
+
+// Write passes b through and parses a copy.
+func (rw *responseWatcher) Write(b []byte) (int, error) {
+	if !rw.wroteHeader {
+		rw.WriteHeader(http.StatusOK)
+	}
+	n, err := rw.ResponseWriterWrapper.Write(b)
+	if rw.parser != nil && n > 0 && !rw.encoded {
+		_, _ = rw.parser.Write(b[:n])
+	}
+	return n, err
+}
+
+// ReadFrom keeps io.Copy going through Write, so the parser sees the bytes.
+func (rw *responseWatcher) ReadFrom(src io.Reader) (int64, error) {
+	return io.Copy(writerOnly{rw}, src)
+}
+
+type writerOnly struct{ io.Writer }
+
+var parserPool sync.Pool
+
+func getParser(api vllmstats.API, stream bool) *vllmstats.UsageParser {
+	if p, ok := parserPool.Get().(*vllmstats.UsageParser); ok {
+		p.Reset(api, stream)
+		return p
+	}
+	return vllmstats.NewUsageParser(api, stream)
+}
+
+func putParser(p *vllmstats.UsageParser) { parserPool.Put(p) }
+
+// Interface guards
+var (
+	_ http.ResponseWriter = (*responseWatcher)(nil)
+	_ io.ReaderFrom       = (*responseWatcher)(nil)
+)

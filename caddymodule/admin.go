@@ -14,6 +14,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/lmwarden/caddy-lmwarden/placement"
 	"github.com/lmwarden/caddy-lmwarden/vllmstats"
 )
 
@@ -331,6 +332,25 @@ type TokenCount struct {
 
 func optional[T any](v T) *T { return &v }
 
+// engineLoad returns the engine's running, waiting and KV figures from the
+// load the router routes with (the one copy of them): nil for a figure the
+// engine did not export, and for all of them before its first good poll.
+func engineLoad(l placement.Load) (running, waiting *int, kv *float64) {
+	if l.Seen.IsZero() {
+		return nil, nil, nil
+	}
+	if !l.RunningUnknown {
+		running = optional(l.Running)
+	}
+	if !l.WaitingUnknown {
+		waiting = optional(l.Waiting)
+	}
+	if !l.KVUnknown {
+		kv = optional(l.KVUsage)
+	}
+	return running, waiting, kv
+}
+
 func buildCard(m *modelState, now time.Time) Card {
 	s := m.router.Snapshot()
 	ps := m.pollerSnapshot()
@@ -362,21 +382,12 @@ func buildCard(m *modelState, now time.Time) Card {
 				t := st.LastSeen.UTC()
 				row.LastSeen = &t
 			}
-			present := st.Metrics.Present
-			if present.Has(vllmstats.FigRunning) {
-				row.Running = optional(int(st.Metrics.Running))
-			}
-			if present.Has(vllmstats.FigWaiting) {
-				row.Waiting = optional(int(st.Metrics.Waiting))
-			}
-			if present.Has(vllmstats.FigKVUsage) {
-				row.KVUsage = optional(st.Metrics.KVUsage)
-			}
 			if st.HitRateKnown {
 				row.PrefixHitRate = optional(st.HitRateWindow)
 				row.PrefixHitRateTotal = optional(st.HitRateTotal)
 			}
 		}
+		row.Running, row.Waiting, row.KVUsage = engineLoad(r.Load)
 		if t, ok := totals[r.ID]; ok {
 			row.Tokens = TokenCount{Cached: t.Cached, Computed: t.Computed, Generated: t.Generated}
 		}

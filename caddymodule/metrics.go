@@ -7,7 +7,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/lmwarden/caddy-lmwarden/placement"
-	"github.com/lmwarden/caddy-lmwarden/vllmstats"
 )
 
 // collector exposes every live model's counters at scrape time, read from
@@ -118,6 +117,17 @@ func (collector) Collect(ch chan<- prometheus.Metric) {
 			gauge(descInFlight, float64(r.InFlight), m.name, r.ID)
 			gauge(descReplicaBindings, float64(r.Bindings), m.name, r.ID)
 			gauge(descAvailable, b2f(r.Available), m.name, r.ID)
+			// A figure the engine did not export gets no sample, not a 0.
+			running, waiting, kv := engineLoad(r.Load)
+			if running != nil {
+				gauge(descRunning, float64(*running), m.name, r.ID)
+			}
+			if waiting != nil {
+				gauge(descWaiting, float64(*waiting), m.name, r.ID)
+			}
+			if kv != nil {
+				gauge(descKV, *kv, m.name, r.ID)
+			}
 			for _, c := range outCauses {
 				gauge(descOut, b2f(r.Out&c.c != 0), m.name, r.ID, c.label)
 			}
@@ -132,16 +142,6 @@ func (collector) Collect(ch chan<- prometheus.Metric) {
 		ps := m.pollerSnapshot()
 		for i := range ps.Replicas {
 			r := &ps.Replicas[i]
-			// A figure the engine did not export gets no sample, not a 0.
-			if r.Metrics.Present.Has(vllmstats.FigRunning) {
-				gauge(descRunning, r.Metrics.Running, m.name, r.ID)
-			}
-			if r.Metrics.Present.Has(vllmstats.FigWaiting) {
-				gauge(descWaiting, r.Metrics.Waiting, m.name, r.ID)
-			}
-			if r.Metrics.Present.Has(vllmstats.FigKVUsage) {
-				gauge(descKV, r.Metrics.KVUsage, m.name, r.ID)
-			}
 			if r.HitRateKnown {
 				gauge(descHit, r.HitRateWindow, m.name, r.ID)
 			}

@@ -228,6 +228,7 @@ func (m *modelState) onSnapshot(s *vllmstats.Snapshot) {
 			Reachable: rs.Reachable,
 			Seen:      rs.LastSeen,
 			// Before the first good poll nothing is known either.
+			RunningUnknown: !rs.Metrics.Present.Has(vllmstats.FigRunning),
 			WaitingUnknown: !rs.Metrics.Present.Has(vllmstats.FigWaiting),
 			KVUnknown:      !rs.Metrics.Present.Has(vllmstats.FigKVUsage),
 		})

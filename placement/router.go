@@ -106,9 +106,10 @@ type Load struct {
 	// figure (its field above is then meaningless). An unknown figure is no
 	// information, never a real 0: it does not rank a replica as emptier
 	// than one with a known figure (see the package doc, "Unknown figures").
-	// An unknown running count needs no flag: Running 0 leaves the router's
-	// own in-flight count, which is measured.
-	WaitingUnknown, KVUnknown bool
+	// An unknown running count changes no decision (Running 0 leaves the
+	// router's own in-flight count, which is measured); RunningUnknown is
+	// kept so the Load a Snapshot reports says which figures are real.
+	RunningUnknown, WaitingUnknown, KVUnknown bool
 }
 
 // Request describes one turn to route.

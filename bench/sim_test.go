@@ -27,7 +27,7 @@ func TestSimDirection(t *testing.T) {
 	rep.WriteTable(&b)
 	t.Logf("\n%s", b.String())
 	for _, n := range cfg.Stages {
-		off, _ := rep.Find(ModeOff, n)
+		off, _ := rep.Find(ModeVLLMDP, n)
 		on, _ := rep.Find(ModeOn, n)
 		if off.Requests == 0 || on.Requests == 0 {
 			t.Fatalf("%d sessions: no requests (off %d, on %d)", n, off.Requests, on.Requests)
@@ -44,16 +44,18 @@ func TestSimDirection(t *testing.T) {
 		if on.TTFBP50S > off.TTFBP50S {
 			t.Errorf("%d sessions: TTFB p50 on %.2fs > off %.2fs", n, on.TTFBP50S, off.TTFBP50S)
 		}
-		if off.StayedPct >= 100 {
-			t.Errorf("%d sessions: per-request balancing kept every turn on its replica", n)
+		if off.StayedPct >= 60 {
+			t.Errorf("%d sessions: vLLM's balancer kept %.1f%% of turns on their replica; its stale, tied picks should scatter them", n, off.StayedPct)
 		}
 		if h, _ := rep.Find(ModeHeader, n); h.StayedPct != 100 {
 			t.Errorf("%d sessions: header hash stayed %.1f%%, want 100", n, h.StayedPct)
 		}
-		for _, m := range []string{ModeLeastConn, ModeRoundRobin} {
-			if b, _ := rep.Find(m, n); b.PrefixHitPct >= on.PrefixHitPct {
-				t.Errorf("%d sessions: %s prefix hits %.1f%% ≥ affinity on %.1f%%", n, m, b.PrefixHitPct, on.PrefixHitPct)
-			}
+		// In a closed loop without think time, the least-loaded replica
+		// is usually the one the turn just left (its request finished),
+		// so least_conn and LM Warden's affinity off return there by
+		// accident; round robin cannot.
+		if b, _ := rep.Find(ModeRoundRobin, n); b.PrefixHitPct >= on.PrefixHitPct {
+			t.Errorf("%d sessions: round_robin prefix hits %.1f%% ≥ affinity on %.1f%%", n, b.PrefixHitPct, on.PrefixHitPct)
 		}
 	}
 }
@@ -149,7 +151,7 @@ func TestSimOverloadIsKVBound(t *testing.T) {
 			t.Errorf("%s: %.0f cached tokens per turn, more than the %.0f-token system prompt; the working set should not fit", d.Mode, d.CachedTokens, sys)
 		}
 	}
-	off, _ := rep.Find(ModeOff, 24)
+	off, _ := rep.Find(ModeVLLMDP, 24)
 	on, _ := rep.Find(ModeOn, 24)
 	if d := on.PrefixHitPct - off.PrefixHitPct; d > 5 || d < -5 {
 		t.Errorf("prefix hits off %.1f%% on %.1f%%: expected a tie past the KV cache", off.PrefixHitPct, on.PrefixHitPct)

@@ -206,6 +206,8 @@ func runSim(args []string) error {
 	fs.IntVar(&cfg.Replicas, "replicas", cfg.Replicas, "replicas")
 	fs.IntVar(&cfg.Engine.NumGPUBlocks, "kv-blocks", cfg.Engine.NumGPUBlocks, "KV cache blocks per replica")
 	fs.IntVar(&cfg.Engine.MaxNumSeqs, "max-num-seqs", cfg.Engine.MaxNumSeqs, "max_num_seqs per replica")
+	fs.BoolVar(&cfg.Engine.ReserveFullSequence, "reserve-full-sequence", cfg.Engine.ReserveFullSequence, "admit a waiting request only when its whole prompt fits (vLLM's scheduler_reserve_full_isl, current releases)")
+	fs.BoolVar(&cfg.Engine.CountEveryLookup, "count-every-lookup", cfg.Engine.CountEveryLookup, "count a prefix cache lookup at every admission attempt, as vLLM did before PR 48860")
 	fs.IntVar(&cfg.Placement.SpillThreshold, "spill-threshold", 0, "LM Warden spill threshold (0: auto = max_num_seqs/4)")
 	fs.IntVar(&cfg.Placement.SpillWaiting, "spill-waiting", 0, "also spill from a replica with at least this many requests waiting (0: off)")
 	fs.DurationVar(&cfg.DPStatsInterval, "dp-stats-interval", emulator.DefaultDPStatsInterval, "vllm-dp: how often vLLM's coordinator publishes the engines' counts, engine time")

@@ -180,3 +180,115 @@ func emulatorTokens(t *testing.T, cfg SimConfig) int {
 	}
 	return len(emulator.Tokenize(emulator.RenderMessage("system", gen.System())))
 }
+
+// calibrationCell is one cell of the reference measurement's table (4 ×
+// RTX A4000, Qwen3-4B, vLLM data-parallel 4) beside the simulator's value
+// for it, with the default configuration.
+type calibrationCell struct {
+	sessions int
+	column   string
+	ref      float64 // the reference measurement
+	sim      float64 // pinned: the simulator's value when the test was written
+	// within35 says the simulator is within ±35 % of the reference. Cells
+	// outside it are explained in TestSimCalibration's comment.
+	within35 bool
+}
+
+// TestSimCalibration pins the calibration of the default sweep (closed loop
+// without think time, 3-minute stages after 30 s of warm-up) against the
+// reference measurement, for vLLM's own balancer ("off" there) and for
+// LM Warden with affinity on. Every cell must stay within ±15 % of its
+// pinned value, and cells marked within35 within ±35 % of the reference.
+//
+// The cells outside ±35 % and why, with the emulator following vLLM's
+// scheduler (vllm/v1/core/sched/scheduler.py, Scheduler.schedule) and KV
+// cache manager (vllm/v1/core/kv_cache_manager.py, allocate_slots):
+//
+//   - TTFB p50 at 24 and 32 sessions is 3–4× the reference's, and p95 is
+//     half of it. With 36,800 tokens of KV per engine and prompts of
+//     12–14k, at most two prompts are resident; the rest wait at the head
+//     of a first-come-first-served waiting queue (schedule() breaks out of
+//     the waiting loop when allocate_slots returns None, and admits nothing
+//     in a step that preempted: "if not preempted_reqs"), and a preempted
+//     request goes back to the front (prepend_request). That makes the wait
+//     uniform: by Little's law the mean TTFB is sessions per engine ÷
+//     throughput minus generation time, about 22 s at 24 sessions. The
+//     reference's 5 s median with a 59 s tail needs most turns admitted
+//     and prefilled on arrival, i.e. more resident sequences than the KV
+//     cache holds under these rules; its 89 % / 67 % stayed with LM Warden
+//     (spills, so more than 8 running requests on a replica) says the same.
+//   - Output tok/min at 32 sessions: the reference rises 63 % from 24 to 32
+//     sessions at the same hit rate; past the KV limit vLLM's throughput is
+//     set by the resident sequences and the step time, so more sessions add
+//     only queue. The simulator stays flat.
+//   - Prefix hits at 8 and 16 sessions with vLLM's balancer are 40 % above
+//     the reference: the stale, tied picks (DPLBAsyncMPClient) keep about
+//     half of the turns on their engine here.
+//   - TTFB at low load with affinity on (0.16 s vs 0.38 s p50): a warm turn
+//     is 400–650 new tokens, 0.14 s on the engine; the rest of the
+//     reference's time is outside the engine (HTTP, chat template,
+//     tokenisation of a 12k-token prompt), which the simulator does not
+//     model. p95 at 8 sessions is short for the same reason plus fewer
+//     cold prefills queued behind each other.
+func TestSimCalibration(t *testing.T) {
+	if testing.Short() {
+		t.Skip("full sweep")
+	}
+	cfg := DefaultSimConfig()
+	rep, err := Sim(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b bytes.Buffer
+	rep.WriteTable(&b)
+	t.Logf("\n%s", b.String())
+	get := func(mode string, n int, col string) float64 {
+		st, ok := rep.Find(mode, n)
+		if !ok {
+			t.Fatalf("no %s stage at %d sessions", mode, n)
+		}
+		switch col {
+		case "hits":
+			return st.PrefixHitPct
+		case "p50":
+			return st.TTFBP50S
+		case "p95":
+			return st.TTFBP95S
+		case "tok/min":
+			return st.OutputTokensPerMin
+		}
+		t.Fatalf("unknown column %q", col)
+		return 0
+	}
+	tables := map[string][]calibrationCell{
+		ModeVLLMDP: {
+			{4, "hits", 56.2, 58.7, true}, {4, "p50", 2.05, 2.05, true}, {4, "p95", 3.5, 3.06, true}, {4, "tok/min", 5886, 5035, true},
+			{8, "hits", 44.3, 62.5, false}, {8, "p50", 2.33, 2.06, true}, {8, "p95", 6.32, 3.34, false}, {8, "tok/min", 8364, 8533, true},
+			{16, "hits", 33.2, 46.8, false}, {16, "p50", 3.25, 5.24, false}, {16, "p95", 26.24, 17.8, true}, {16, "tok/min", 9558, 9643, true},
+			{24, "hits", 32.8, 28.0, true}, {24, "p50", 5.06, 22.1, false}, {24, "p95", 58.82, 26.3, false}, {24, "tok/min", 9048, 8789, true},
+			{32, "hits", 31.6, 27.8, true}, {32, "p50", 12.32, 38.3, false}, {32, "p95", 82.84, 43.1, false}, {32, "tok/min", 14760, 8448, false},
+		},
+		ModeOn: {
+			{4, "hits", 86.4, 87.5, true}, {4, "p50", 0.38, 0.16, false}, {4, "p95", 2.84, 2.08, true}, {4, "tok/min", 6744, 5888, true},
+			{8, "hits", 86.1, 87.1, true}, {8, "p50", 0.48, 0.17, false}, {8, "p95", 5.03, 2.14, false}, {8, "tok/min", 10752, 10155, true},
+			{16, "hits", 48.6, 62.9, true}, {16, "p50", 0.85, 3.89, false}, {16, "p95", 24.88, 17.3, true}, {16, "tok/min", 12204, 10837, true},
+			{24, "hits", 37.9, 27.9, true}, {24, "p50", 13.14, 22.5, false}, {24, "p95", 38.34, 25.2, true}, {24, "tok/min", 11178, 8704, true},
+			{32, "hits", 31.6, 27.7, true}, {32, "p50", 27.66, 39.4, false}, {32, "p95", 38.92, 43.8, true}, {32, "tok/min", 16638, 8533, false},
+		},
+	}
+	for mode, cells := range tables {
+		for _, c := range cells {
+			got := get(mode, c.sessions, c.column)
+			if d := got/c.sim - 1; d > 0.15 || d < -0.15 {
+				t.Errorf("%s %d sessions %s: %.3g, pinned %.3g (%+.0f%%); recalibrate and update the table", mode, c.sessions, c.column, got, c.sim, 100*d)
+			}
+			d := got/c.ref - 1
+			if c.within35 && (d > 0.35 || d < -0.35) {
+				t.Errorf("%s %d sessions %s: %.3g vs the reference's %.3g (%+.0f%%), outside ±35%%", mode, c.sessions, c.column, got, c.ref, 100*d)
+			}
+			if !c.within35 && d <= 0.35 && d >= -0.35 {
+				t.Logf("%s %d sessions %s: %.3g now within ±35%% of %.3g; mark it", mode, c.sessions, c.column, got, c.ref)
+			}
+		}
+	}
+}

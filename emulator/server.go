@@ -43,6 +43,9 @@ type ServerConfig struct {
 	// DPStatsInterval is the engine-time period of the load snapshot the
 	// data-parallel balancer decides on (default DefaultDPStatsInterval).
 	DPStatsInterval time.Duration
+	// DPRotate makes the data-parallel balancer rotate its tie-break after
+	// every pick, as vLLM does from PR 47420 on (see DPBalancer).
+	DPRotate bool
 	// Model is the served model name (default DefaultModel). Requests may
 	// name any model.
 	Model string
@@ -118,6 +121,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	}
 	for i := 0; i < n; i++ {
 		rep := &replica{s: s, index: i, bal: NewDPBalancer(engines)}
+		rep.bal.Rotate = cfg.DPRotate
 		for k := 0; k < engines; k++ {
 			idx := i
 			if engines > 1 {

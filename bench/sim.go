@@ -39,6 +39,10 @@ type SimConfig struct {
 	// measurement's release.
 	DPStatsInterval time.Duration
 	DPRotate        bool
+	// DPAPIServers is the number of vLLM API server processes, each
+	// balancing on its own (default: one per replica, as `vllm serve
+	// --data-parallel-size N` starts); a request lands on one at random.
+	DPAPIServers int
 	// Progress, when set, is called after every stage.
 	Progress func(Stage)
 	// Detail, when set, is called after every stage with what happened
@@ -158,7 +162,11 @@ func Sim(cfg SimConfig) (*Report, error) {
 	if pc.MaxNumSeqs == 0 {
 		pc.MaxNumSeqs = cfg.Engine.MaxNumSeqs
 	}
-	s.dp = emulator.NewDPBalancer(cfg.Replicas)
+	if cfg.DPAPIServers <= 0 {
+		cfg.DPAPIServers = cfg.Replicas
+	}
+	s.cfg.DPAPIServers = cfg.DPAPIServers
+	s.dp = emulator.NewDPBalancerClients(cfg.Replicas, cfg.DPAPIServers)
 	s.dp.Rotate = cfg.DPRotate
 	s.router = placement.NewRouter(pc)
 	s.router.SetReplicas(ids)
@@ -399,7 +407,7 @@ func (s *simulator) send(sl *simSlot) {
 func (s *simulator) route(key string) (int, func()) {
 	switch s.mode {
 	case ModeVLLMDP:
-		return s.dp.Pick(), func() {}
+		return s.dp.PickBy(s.rng.IntN(s.dp.Clients())), func() {}
 	case ModeLeastConn:
 		best, n := -1, 0
 		for i, e := range s.engines {

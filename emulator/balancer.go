@@ -30,45 +30,75 @@ const DefaultDPStatsInterval = 100 * time.Millisecond
 //
 // Call Publish on the coordinator's period (the Server does, in engine
 // time) and Pick per request. Not safe for concurrent use.
+//
+// `vllm serve --data-parallel-size N` starts N API server processes by
+// default (vllm/entrypoints/cli/serve.py: api_server_count defaults to
+// data_parallel_size with the internal balancer), each with its own
+// DPLBAsyncMPClient: its own copy of the published counts, a scan start of
+// engines×client_index/client_count, and client_count added to the picked
+// engine's waiting count. The kernel spreads connections over the
+// processes, so which one decides a request is random. NewDPBalancerClients
+// models that; NewDPBalancer is one API server.
 type DPBalancer struct {
-	counts [][2]int // waiting, running
-	// Rotate advances the scan start after every pick (vLLM PR 47420).
+	clients []dpClient
+	// Rotate advances a client's scan start after every pick (vLLM PR 47420).
 	Rotate bool
+}
+
+type dpClient struct {
+	counts [][2]int // waiting, running
 	start  int
 }
 
-// NewDPBalancer balances over n engines, all idle until the first
-// Publish, with the fixed scan start of the releases before PR 47420: the
-// one the reference measurement (4 × RTX A4000, Qwen3-4B, vLLM
-// data-parallel 4) matches (its "off" column shows 2.71 of 4 replicas busy
-// at 4 sessions, the lowest engines taking the ties; a rotating start
-// spreads them to 4.0). Set Rotate for current releases.
-func NewDPBalancer(n int) *DPBalancer {
-	return &DPBalancer{counts: make([][2]int, n)}
+// NewDPBalancer balances over n engines from one API server, all engines
+// idle until the first Publish, with the fixed scan start of the releases
+// before PR 47420 (ties to the lowest engine). Set Rotate for later
+// releases.
+func NewDPBalancer(n int) *DPBalancer { return NewDPBalancerClients(n, 1) }
+
+// NewDPBalancerClients balances over n engines from the given number of
+// API servers (at least 1).
+func NewDPBalancerClients(n, clients int) *DPBalancer {
+	clients = max(1, clients)
+	b := &DPBalancer{clients: make([]dpClient, clients)}
+	for k := range b.clients {
+		b.clients[k] = dpClient{counts: make([][2]int, n), start: n * k / clients}
+	}
+	return b
 }
 
-// Publish replaces the snapshot with the engines' live counts.
+// Clients is the number of API servers picking engines.
+func (b *DPBalancer) Clients() int { return len(b.clients) }
+
+// Publish replaces every API server's snapshot with the engines' live
+// counts (the coordinator publishes to all front ends at once).
 func (b *DPBalancer) Publish(load func(engine int) (waiting, running int)) {
-	for i := range b.counts {
+	for i := range b.clients[0].counts {
 		w, r := load(i)
-		b.counts[i] = [2]int{w, r}
+		for k := range b.clients {
+			b.clients[k].counts[i] = [2]int{w, r}
+		}
 	}
 }
 
-// Pick returns the engine for a request.
-func (b *DPBalancer) Pick() int {
-	n := len(b.counts)
-	best, bestScore := b.start, int(^uint(0)>>1)
+// Pick returns the engine for a request decided by the first API server.
+func (b *DPBalancer) Pick() int { return b.PickBy(0) }
+
+// PickBy returns the engine for a request decided by API server client
+// (0 ≤ client < Clients()).
+func (b *DPBalancer) PickBy(client int) int {
+	c := &b.clients[client]
+	n := len(c.counts)
+	best, bestScore := c.start, int(^uint(0)>>1)
 	for i := 0; i < n; i++ {
-		idx := (b.start + i) % n
-		c := b.counts[idx]
-		if s := DPScore(c[0], c[1]); s < bestScore {
+		idx := (c.start + i) % n
+		if s := DPScore(c.counts[idx][0], c.counts[idx][1]); s < bestScore {
 			best, bestScore = idx, s
 		}
 	}
-	b.counts[best][0]++
+	c.counts[best][0] += len(b.clients)
 	if b.Rotate {
-		b.start = (b.start + 1) % n
+		c.start = (c.start + 1) % n
 	}
 	return best
 }

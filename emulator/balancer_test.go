@@ -65,3 +65,38 @@ func TestDPLBAsyncMPClientRotatingTieBreak(t *testing.T) {
 		}
 	}
 }
+
+// TestDPLBAsyncMPClientPerAPIServer pins the balancer of `vllm serve
+// --data-parallel-size N` with its default N API servers: each has its own
+// copy of the published counts, starts its scan at
+// engines×client_index/client_count, and adds client_count to the engine it
+// picks; the coordinator's publication resets all copies.
+func TestDPLBAsyncMPClientPerAPIServer(t *testing.T) {
+	live := [][2]int{{0, 1}, {0, 1}, {0, 1}, {0, 1}}
+	load := func(i int) (int, int) { return live[i][0], live[i][1] }
+	b := NewDPBalancerClients(4, 4)
+	if b.Clients() != 4 {
+		t.Fatalf("%d clients, want 4", b.Clients())
+	}
+	b.Publish(load)
+	// Tied: each API server picks its own scan start.
+	for k := 0; k < 4; k++ {
+		if got := b.PickBy(k); got != k {
+			t.Fatalf("API server %d on a tie: engine %d, want %d", k, got, k)
+		}
+	}
+	// API server 2 has added 4 to engine 2's waiting (score 17): it moves on.
+	if got := b.PickBy(2); got != 3 {
+		t.Fatalf("API server 2 after its own pick: engine %d, want 3", got)
+	}
+	// API server 0 did not see server 2's local additions.
+	b.Publish(load)
+	if got := b.PickBy(0); got != 0 {
+		t.Fatalf("API server 0 after a publication: engine %d, want 0", got)
+	}
+	// Two servers of eight engines start at 0 and 4.
+	b2 := NewDPBalancerClients(8, 2)
+	if got := b2.PickBy(1); got != 4 {
+		t.Fatalf("second of two API servers over 8 idle engines: engine %d, want 4", got)
+	}
+}

@@ -211,6 +211,7 @@ func runSim(args []string) error {
 	fs.IntVar(&cfg.Placement.SpillThreshold, "spill-threshold", 0, "LM Warden spill threshold (0: auto = max_num_seqs/4)")
 	fs.IntVar(&cfg.Placement.SpillWaiting, "spill-waiting", 0, "also spill from a replica with at least this many requests waiting (0: off)")
 	fs.DurationVar(&cfg.DPStatsInterval, "dp-stats-interval", emulator.DefaultDPStatsInterval, "vllm-dp: how often vLLM's coordinator publishes the engines' counts, engine time")
+	fs.IntVar(&cfg.DPAPIServers, "dp-api-servers", 0, "vllm-dp: vLLM API server processes, each balancing on its own (0: one per replica, vLLM's default)")
 	fs.BoolVar(&cfg.DPRotate, "dp-rotate", false, "vllm-dp: rotate the balancer's tie-break after every pick (vLLM from PR 47420 on) instead of ties to the lowest engine")
 	detail := fs.Bool("detail", false, "print per stage where turns spend their time (queue, prefill, preemptions) and each replica's load")
 	if err := fs.Parse(args); err != nil {

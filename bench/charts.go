@@ -35,7 +35,8 @@ func (r *Report) Charts() []Chart {
 }
 
 var modeColors = map[string]drawing.Color{
-	ModeOff:        {R: 0xd6, G: 0x27, B: 0x28, A: 0xff},
+	ModeVLLMDP:     {R: 0xd6, G: 0x27, B: 0x28, A: 0xff},
+	ModeOff:        {R: 0x8c, G: 0x56, B: 0x4b, A: 0xff},
 	ModeOn:         {R: 0x1f, G: 0x77, B: 0xb4, A: 0xff},
 	ModeLeastConn:  {R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff},
 	ModeRoundRobin: {R: 0x94, G: 0x67, B: 0xbd, A: 0xff},
@@ -51,6 +52,8 @@ func modeColor(m string, i int) drawing.Color {
 
 func modeLabel(m string) string {
 	switch m {
+	case ModeVLLMDP:
+		return "vLLM's balancer"
 	case ModeOff:
 		return "affinity off"
 	case ModeOn:

@@ -1,9 +1,13 @@
 package bench
 
-// The routing modes a run compares. ModeOff and ModeOn are LM Warden's
-// policy with affinity off (which balances like vLLM's own data-parallel
-// balancer) and on; the others are Caddy's own selection policies.
+// The routing modes a run compares. ModeVLLMDP is vLLM's own data-parallel
+// balancer: one server with one engine per replica, the engine picked by
+// the coordinator's published waiting×4+running (the "off" of the
+// reference measurement: 4 × RTX A4000, Qwen3-4B, vLLM data-parallel 4).
+// ModeOff and ModeOn are LM Warden's policy with affinity off (its own
+// least-loaded pick) and on; the others are Caddy's own selection policies.
 const (
+	ModeVLLMDP     = "vllm-dp"
 	ModeOff        = "off"
 	ModeOn         = "on"
 	ModeLeastConn  = "least_conn"
@@ -12,4 +16,4 @@ const (
 )
 
 // CompareModes are the modes of --compare, in the order they run.
-var CompareModes = []string{ModeOff, ModeOn, ModeLeastConn, ModeRoundRobin, ModeHeader}
+var CompareModes = []string{ModeVLLMDP, ModeOff, ModeOn, ModeLeastConn, ModeRoundRobin, ModeHeader}

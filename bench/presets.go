@@ -51,7 +51,9 @@ func SevenGPUEngineConfig() emulator.EngineConfig {
 // SevenGPUSimConfig is the brief's second story as a simulation: seven
 // replicas, sessions of ~58k tokens, 26 and then 16 concurrent sessions,
 // under Caddy's header hash of the session ID (the first rule in the
-// story), vLLM-style balancing (affinity off) and LM Warden (affinity on).
+// story), vLLM's own data-parallel balancer (vllm-dp) and LM Warden
+// (affinity on). The agents keep their 3-second think time: headless
+// agents run tools between turns.
 // Stages are 10 minutes after a 3-minute warm-up (the story's decline took
 // 35; pass a longer StageLength to watch all of it).
 func SevenGPUSimConfig() SimConfig {
@@ -60,7 +62,7 @@ func SevenGPUSimConfig() SimConfig {
 		Engine:       SevenGPUEngineConfig(),
 		Replicas:     7,
 		Stages:       []int{16, 26},
-		Modes:        []string{ModeHeader, ModeOff, ModeOn},
+		Modes:        []string{ModeHeader, ModeVLLMDP, ModeOn},
 		StageLength:  10 * time.Minute,
 		Warmup:       3 * time.Minute,
 		PollInterval: time.Second,

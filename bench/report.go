@@ -87,11 +87,17 @@ func (r *Report) WriteTable(w io.Writer) error {
 		}
 		return false
 	}
-	if has(ModeOff) && has(ModeOn) {
-		b.WriteString("| Sessions | Sessions/h off → on | Output tok/min off → on | TTFB p50 off → on (s) | TTFB p95 off → on (s) | Replicas busy off → on | Prefix hits off → on (%) | Stayed on replica off → on (%) | Requests (errors) off → on |\n")
+	// The headline pairs vLLM's own balancer with affinity on, as the
+	// reference measurement did; without it, LM Warden's affinity off.
+	base := ModeVLLMDP
+	if !has(base) {
+		base = ModeOff
+	}
+	if has(base) && has(ModeOn) {
+		fmt.Fprintf(&b, "| Sessions | Sessions/h %[1]s → on | Output tok/min %[1]s → on | TTFB p50 %[1]s → on (s) | TTFB p95 %[1]s → on (s) | Replicas busy %[1]s → on | Prefix hits %[1]s → on (%%) | Stayed on replica %[1]s → on (%%) | Requests (errors) %[1]s → on |\n", base)
 		b.WriteString("|---|---|---|---|---|---|---|---|---|\n")
 		for _, n := range r.SessionCounts() {
-			off, ok1 := r.Find(ModeOff, n)
+			off, ok1 := r.Find(base, n)
 			on, ok2 := r.Find(ModeOn, n)
 			if !ok1 || !ok2 {
 				continue
@@ -107,7 +113,7 @@ func (r *Report) WriteTable(w io.Writer) error {
 				freq(off), freq(on))
 		}
 	}
-	if len(modes) > 2 || !has(ModeOff) || !has(ModeOn) {
+	if len(modes) > 2 || !has(base) || !has(ModeOn) {
 		if b.Len() > 0 {
 			b.WriteString("\n")
 		}

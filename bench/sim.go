@@ -31,6 +31,18 @@ type SimConfig struct {
 	PollInterval time.Duration
 	// Placement configures LM Warden's router; AffinityOff is set per mode.
 	Placement placement.Config
+	// DPStatsInterval is the publishing period of vLLM's data-parallel
+	// coordinator in the vllm-dp mode (default
+	// emulator.DefaultDPStatsInterval). DPRotate makes that mode's balancer
+	// rotate its tie-break after every pick, as vLLM does from PR 47420 on;
+	// by default ties go to the lowest engine, as in the reference
+	// measurement's release.
+	DPStatsInterval time.Duration
+	DPRotate        bool
+	// DPAPIServers is the number of vLLM API server processes, each
+	// balancing on its own (default: one per replica, as `vllm serve
+	// --data-parallel-size N` starts); a request lands on one at random.
+	DPAPIServers int
 	// Progress, when set, is called after every stage.
 	Progress func(Stage)
 	// Detail, when set, is called after every stage with what happened
@@ -47,7 +59,7 @@ func DefaultSimConfig() SimConfig {
 		Engine:       emulator.DefaultEngineConfig(),
 		Replicas:     4,
 		Stages:       []int{4, 8, 16, 24, 32},
-		Modes:        []string{ModeOff, ModeOn},
+		Modes:        []string{ModeVLLMDP, ModeOn},
 		StageLength:  3 * time.Minute,
 		Warmup:       30 * time.Second,
 		PollInterval: time.Second,
@@ -94,6 +106,7 @@ type simulator struct {
 	router  *placement.Router
 	rng     *rand.Rand
 	robin   uint32
+	dp      *emulator.DPBalancer
 	now     time.Duration
 	polls   []Poll
 	turns   []TurnRecord
@@ -114,6 +127,9 @@ func Sim(cfg SimConfig) (*Report, error) {
 	}
 	if cfg.PollInterval <= 0 {
 		cfg.PollInterval = time.Second
+	}
+	if cfg.DPStatsInterval <= 0 {
+		cfg.DPStatsInterval = emulator.DefaultDPStatsInterval
 	}
 	if err := cfg.Engine.Validate(); err != nil {
 		return nil, fmt.Errorf("sim: %w", err)
@@ -146,6 +162,12 @@ func Sim(cfg SimConfig) (*Report, error) {
 	if pc.MaxNumSeqs == 0 {
 		pc.MaxNumSeqs = cfg.Engine.MaxNumSeqs
 	}
+	if cfg.DPAPIServers <= 0 {
+		cfg.DPAPIServers = cfg.Replicas
+	}
+	s.cfg.DPAPIServers = cfg.DPAPIServers
+	s.dp = emulator.NewDPBalancerClients(cfg.Replicas, cfg.DPAPIServers)
+	s.dp.Rotate = cfg.DPRotate
 	s.router = placement.NewRouter(pc)
 	s.router.SetReplicas(ids)
 	for _, id := range ids {
@@ -195,7 +217,14 @@ func (s *simulator) stage(mode string, n int) (Stage, error) {
 		s.newSession(slots[i], StartTurn(i, n, s.cfg.Workload.Turns))
 	}
 	nextPoll := s.lastPoll() + s.cfg.PollInterval
+	// vLLM's coordinator publishes the engines' counts on its own period;
+	// the vllm-dp balancer decides on the last publication.
+	nextPublish := s.now
 	for {
+		if mode == ModeVLLMDP && nextPublish <= s.now {
+			s.dp.Publish(func(i int) (int, int) { return s.engines[i].e.Waiting(), s.engines[i].e.Running() })
+			nextPublish = s.now + s.cfg.DPStatsInterval
+		}
 		s.kick()
 		next, which := w.To, -1
 		for i, e := range s.engines {
@@ -208,6 +237,9 @@ func (s *simulator) stage(mode string, n int) (Stage, error) {
 			if sl.sendAt >= 0 && sl.sendAt <= next && (due < 0 || sl.sendAt < slots[due].sendAt) {
 				due = i
 			}
+		}
+		if mode == ModeVLLMDP && nextPublish < next {
+			next, which = nextPublish, -2
 		}
 		if due >= 0 && (which < 0 || slots[due].sendAt < next) {
 			s.now = slots[due].sendAt
@@ -223,6 +255,9 @@ func (s *simulator) stage(mode string, n int) (Stage, error) {
 			continue
 		}
 		s.now = next
+		if which == -2 {
+			continue // a publication of the coordinator
+		}
 		if which < 0 {
 			break
 		}
@@ -245,10 +280,13 @@ func (s *simulator) stage(mode string, n int) (Stage, error) {
 }
 
 // PolicyOf names the router behind a mode in reports: lm_warden for affinity
-// off and on, else the Caddy policy.
+// off and on, vllm_dp for vLLM's own balancer, else the Caddy policy.
 func PolicyOf(mode string) string {
 	if mode == ModeOff || mode == ModeOn {
 		return "lm_warden"
+	}
+	if mode == ModeVLLMDP {
+		return "vllm_dp"
 	}
 	return mode
 }
@@ -368,6 +406,8 @@ func (s *simulator) send(sl *simSlot) {
 // route picks the replica for one turn under the current mode.
 func (s *simulator) route(key string) (int, func()) {
 	switch s.mode {
+	case ModeVLLMDP:
+		return s.dp.PickBy(s.rng.IntN(s.dp.Clients())), func() {}
 	case ModeLeastConn:
 		best, n := -1, 0
 		for i, e := range s.engines {

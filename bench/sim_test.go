@@ -27,7 +27,7 @@ func TestSimDirection(t *testing.T) {
 	rep.WriteTable(&b)
 	t.Logf("\n%s", b.String())
 	for _, n := range cfg.Stages {
-		off, _ := rep.Find(ModeOff, n)
+		off, _ := rep.Find(ModeVLLMDP, n)
 		on, _ := rep.Find(ModeOn, n)
 		if off.Requests == 0 || on.Requests == 0 {
 			t.Fatalf("%d sessions: no requests (off %d, on %d)", n, off.Requests, on.Requests)
@@ -44,16 +44,18 @@ func TestSimDirection(t *testing.T) {
 		if on.TTFBP50S > off.TTFBP50S {
 			t.Errorf("%d sessions: TTFB p50 on %.2fs > off %.2fs", n, on.TTFBP50S, off.TTFBP50S)
 		}
-		if off.StayedPct >= 100 {
-			t.Errorf("%d sessions: per-request balancing kept every turn on its replica", n)
+		if off.StayedPct >= 60 {
+			t.Errorf("%d sessions: vLLM's balancer kept %.1f%% of turns on their replica; its stale, tied picks should scatter them", n, off.StayedPct)
 		}
 		if h, _ := rep.Find(ModeHeader, n); h.StayedPct != 100 {
 			t.Errorf("%d sessions: header hash stayed %.1f%%, want 100", n, h.StayedPct)
 		}
-		for _, m := range []string{ModeLeastConn, ModeRoundRobin} {
-			if b, _ := rep.Find(m, n); b.PrefixHitPct >= on.PrefixHitPct {
-				t.Errorf("%d sessions: %s prefix hits %.1f%% ≥ affinity on %.1f%%", n, m, b.PrefixHitPct, on.PrefixHitPct)
-			}
+		// In a closed loop without think time, the least-loaded replica
+		// is usually the one the turn just left (its request finished),
+		// so least_conn and LM Warden's affinity off return there by
+		// accident; round robin cannot.
+		if b, _ := rep.Find(ModeRoundRobin, n); b.PrefixHitPct >= on.PrefixHitPct {
+			t.Errorf("%d sessions: round_robin prefix hits %.1f%% ≥ affinity on %.1f%%", n, b.PrefixHitPct, on.PrefixHitPct)
 		}
 	}
 }
@@ -149,7 +151,7 @@ func TestSimOverloadIsKVBound(t *testing.T) {
 			t.Errorf("%s: %.0f cached tokens per turn, more than the %.0f-token system prompt; the working set should not fit", d.Mode, d.CachedTokens, sys)
 		}
 	}
-	off, _ := rep.Find(ModeOff, 24)
+	off, _ := rep.Find(ModeVLLMDP, 24)
 	on, _ := rep.Find(ModeOn, 24)
 	if d := on.PrefixHitPct - off.PrefixHitPct; d > 5 || d < -5 {
 		t.Errorf("prefix hits off %.1f%% on %.1f%%: expected a tie past the KV cache", off.PrefixHitPct, on.PrefixHitPct)
@@ -177,4 +179,121 @@ func emulatorTokens(t *testing.T, cfg SimConfig) int {
 		t.Fatal(err)
 	}
 	return len(emulator.Tokenize(emulator.RenderMessage("system", gen.System())))
+}
+
+// calibrationCell is one cell of the reference measurement's table (4 ×
+// RTX A4000, Qwen3-4B, vLLM data-parallel 4) beside the simulator's value
+// for it, with the default configuration.
+type calibrationCell struct {
+	sessions int
+	column   string
+	ref      float64 // the reference measurement
+	sim      float64 // pinned: the simulator's value when the test was written
+	// within35 says the simulator is within ±35 % of the reference. Cells
+	// outside it are explained in TestSimCalibration's comment.
+	within35 bool
+}
+
+// TestSimCalibration pins the calibration of the default sweep (closed loop
+// without think time, 3-minute stages after 30 s of warm-up) against the
+// reference measurement, for vLLM's own balancer ("off" there) and for
+// LM Warden with affinity on. Every cell must stay within ±15 % of its
+// pinned value, and cells marked within35 within ±35 % of the reference.
+//
+// The cells outside ±35 % and why, with the emulator following vLLM's
+// scheduler (vllm/v1/core/sched/scheduler.py, Scheduler.schedule) and KV
+// cache manager (vllm/v1/core/kv_cache_manager.py, allocate_slots):
+//
+//   - TTFB p50 at 24 and 32 sessions is 3–4× the reference's, and p95 is
+//     half of it. With 36,800 tokens of KV per engine and prompts of
+//     12–14k, at most two prompts are resident; the rest wait at the head
+//     of a first-come-first-served waiting queue (schedule() breaks out of
+//     the waiting loop when allocate_slots returns None, and admits nothing
+//     in a step that preempted: "if not preempted_reqs"), and a preempted
+//     request goes back to the front (prepend_request). That makes the wait
+//     uniform: by Little's law the mean TTFB is sessions per engine ÷
+//     throughput minus generation time, about 22 s at 24 sessions. The
+//     reference's 5 s median with a 59 s tail needs most turns admitted
+//     and prefilled on arrival, i.e. more resident sequences than the KV
+//     cache holds under these rules; its 89 % / 67 % stayed with LM Warden
+//     (spills, so more than 8 running requests on a replica) says the same.
+//   - Output tok/min at 32 sessions: the reference rises 63 % from 24 to 32
+//     sessions at the same hit rate; past the KV limit vLLM's throughput is
+//     set by the resident sequences and the step time, so more sessions add
+//     only queue. The simulator stays flat.
+//   - TTFB p95 at 8 sessions with vLLM's balancer (3.35 s vs 6.32 s): a
+//     cold 11k prefill takes ≈2.5 s on the engine; the reference's tail
+//     has two cold prefills meeting on one engine more often than the
+//     simulated balancer sends them there.
+//   - TTFB with affinity on at 16 sessions (3.9 s vs 0.85 s p50): four
+//     13k sessions per replica (52k tokens) do not fit 36,800 tokens, so
+//     a third of the turns queue for KV as at 24; the reference's replicas
+//     held them.
+//   - TTFB at low load with affinity on (0.16 s vs 0.38 s p50): a warm turn
+//     is 400–650 new tokens, 0.14 s on the engine; the rest of the
+//     reference's time is outside the engine (HTTP, chat template,
+//     tokenisation of a 12k-token prompt), which the simulator does not
+//     model. p95 at 8 sessions is short for the same reason plus fewer
+//     cold prefills queued behind each other.
+func TestSimCalibration(t *testing.T) {
+	if testing.Short() {
+		t.Skip("full sweep")
+	}
+	cfg := DefaultSimConfig()
+	rep, err := Sim(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b bytes.Buffer
+	rep.WriteTable(&b)
+	t.Logf("\n%s", b.String())
+	get := func(mode string, n int, col string) float64 {
+		st, ok := rep.Find(mode, n)
+		if !ok {
+			t.Fatalf("no %s stage at %d sessions", mode, n)
+		}
+		switch col {
+		case "hits":
+			return st.PrefixHitPct
+		case "p50":
+			return st.TTFBP50S
+		case "p95":
+			return st.TTFBP95S
+		case "tok/min":
+			return st.OutputTokensPerMin
+		}
+		t.Fatalf("unknown column %q", col)
+		return 0
+	}
+	tables := map[string][]calibrationCell{
+		ModeVLLMDP: {
+			{4, "hits", 56.2, 55.7, true}, {4, "p50", 2.05, 2.06, true}, {4, "p95", 3.5, 3.36, true}, {4, "tok/min", 5886, 5035, true},
+			{8, "hits", 44.3, 56.9, true}, {8, "p50", 2.33, 2.09, true}, {8, "p95", 6.32, 3.35, false}, {8, "tok/min", 8364, 8533, true},
+			{16, "hits", 33.2, 44.0, true}, {16, "p50", 3.25, 4.31, true}, {16, "p95", 26.24, 17.4, true}, {16, "tok/min", 9558, 9984, true},
+			{24, "hits", 32.8, 27.9, true}, {24, "p50", 5.06, 22.2, false}, {24, "p95", 58.82, 30.6, false}, {24, "tok/min", 9048, 8704, true},
+			{32, "hits", 31.6, 27.9, true}, {32, "p50", 12.32, 39.7, false}, {32, "p95", 82.84, 44.4, false}, {32, "tok/min", 14760, 8363, false},
+		},
+		ModeOn: {
+			{4, "hits", 86.4, 87.8, true}, {4, "p50", 0.38, 0.16, false}, {4, "p95", 2.84, 2.09, true}, {4, "tok/min", 6744, 5888, true},
+			{8, "hits", 86.1, 86.7, true}, {8, "p50", 0.48, 0.17, false}, {8, "p95", 5.03, 2.13, false}, {8, "tok/min", 10752, 10155, true},
+			{16, "hits", 48.6, 62.7, true}, {16, "p50", 0.85, 3.90, false}, {16, "p95", 24.88, 17.4, true}, {16, "tok/min", 12204, 10923, true},
+			{24, "hits", 37.9, 27.8, true}, {24, "p50", 13.14, 22.6, false}, {24, "p95", 38.34, 24.7, false}, {24, "tok/min", 11178, 8704, true},
+			{32, "hits", 31.6, 27.8, true}, {32, "p50", 27.66, 39.9, false}, {32, "p95", 38.92, 44.7, true}, {32, "tok/min", 16638, 8533, false},
+		},
+	}
+	for mode, cells := range tables {
+		for _, c := range cells {
+			got := get(mode, c.sessions, c.column)
+			if d := got/c.sim - 1; d > 0.15 || d < -0.15 {
+				t.Errorf("%s %d sessions %s: %.3g, pinned %.3g (%+.0f%%); recalibrate and update the table", mode, c.sessions, c.column, got, c.sim, 100*d)
+			}
+			d := got/c.ref - 1
+			if c.within35 && (d > 0.35 || d < -0.35) {
+				t.Errorf("%s %d sessions %s: %.3g vs the reference's %.3g (%+.0f%%), outside ±35%%", mode, c.sessions, c.column, got, c.ref, 100*d)
+			}
+			if !c.within35 && d <= 0.35 && d >= -0.35 {
+				t.Logf("%s %d sessions %s: %.3g now within ±35%% of %.3g; mark it", mode, c.sessions, c.column, got, c.ref)
+			}
+		}
+	}
 }

@@ -74,6 +74,9 @@ func (c *CaddySwitcher) SetMode(ctx context.Context, mode string) error {
 		_, err := c.do(ctx, http.MethodPut, "/lm-warden/models/"+url.PathEscape(c.Model)+"/affinity", body)
 		return err
 	}
+	if mode == ModeVLLMDP {
+		return fmt.Errorf("mode %s is vLLM's own balancer, not a Caddy policy: drive the data-parallel server directly (--url at it, without --admin, --label %s)", mode, mode)
+	}
 	if c.LBPath == "" {
 		return fmt.Errorf("mode %s needs the selection policy's config path (--lb-path)", mode)
 	}

@@ -49,7 +49,6 @@ func DefaultWorkload() Workload {
 		OutputTokens: 256,
 		Jitter:       0.02,
 		Model:        "qwen3-4b",
-		Think:        3 * time.Second,
 	}
 }
 

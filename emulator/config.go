@@ -20,6 +20,20 @@ type EngineConfig struct {
 	MaxModelLen int
 	// Timing is the step-time model.
 	Timing Timing
+	// ReserveFullSequence admits a waiting request only when its whole
+	// sequence (not just the first prefill chunk) fits in the free blocks
+	// (vLLM's scheduler_reserve_full_isl, on by default in current
+	// releases: KVCacheManager.allocate_slots(full_sequence_must_fit=True)
+	// for waiting requests). Releases before it, such as the one of the
+	// reference measurement, checked only the first chunk.
+	ReserveFullSequence bool
+	// CountEveryLookup records the prefix cache query and hits at every
+	// lookup of a waiting request, also when it then fails to get blocks
+	// and is looked up again next step (KVCacheManager.get_computed_blocks
+	// before vLLM PR 48860, July 2026). Off, a request counts once, when
+	// it is admitted (KVCacheManager.record_prefix_cache_stats after
+	// allocate_slots succeeds).
+	CountEveryLookup bool
 }
 
 // Timing turns the work of one scheduler step into engine time. All fields

@@ -348,7 +348,18 @@ func (e *Engine) Step() (time.Duration, []Event) {
 		if n > budget {
 			n = budget
 		}
+		if e.cfg.CountEveryLookup && !r.admitted && r.Preemptions == 0 {
+			// get_computed_blocks recorded the lookup before allocation.
+			e.stats.PrefixQueries += uint64(len(r.tokens))
+			e.stats.PrefixHits += uint64(cached)
+		}
 		need := (cached+n+bs-1)/bs - len(e.hits)
+		if e.cfg.ReserveFullSequence {
+			// allocate_slots(full_sequence_must_fit=True): the whole
+			// sequence must fit, hits that are free still counting as
+			// taken from the free blocks.
+			need = max(need, (len(r.tokens)+bs-1)/bs-len(e.hits))
+		}
 		if e.pool.nfree-e.pool.evictable(e.hits) < need {
 			break
 		}
@@ -361,8 +372,10 @@ func (e *Engine) Step() (time.Duration, []Event) {
 			r.admitted = true
 			r.CachedTokens = cached
 			r.Scheduled = e.now
-			e.stats.PrefixQueries += uint64(len(r.tokens))
-			e.stats.PrefixHits += uint64(cached)
+			if !e.cfg.CountEveryLookup {
+				e.stats.PrefixQueries += uint64(len(r.tokens))
+				e.stats.PrefixHits += uint64(cached)
+			}
 		}
 		e.waiting[0] = nil
 		e.waiting = e.waiting[1:]

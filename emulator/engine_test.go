@@ -351,3 +351,84 @@ func BenchmarkEngineDecode32(b *testing.B) {
 		e.Step()
 	}
 }
+
+// fillThenQueue runs a 800-token request until its first token on a
+// 100-block engine (51 blocks held, 49 free) and then queues a
+// 1,000-token request (63 blocks) with a 256-token prefill budget.
+func fillThenQueue(t *testing.T, cfg EngineConfig) (*Engine, *EngineRequest, *EngineRequest, uint64) {
+	t.Helper()
+	cfg.MaxNumBatchedTokens = 256
+	e := NewEngine(cfg)
+	a := &EngineRequest{ID: "a", Prompt: tokens(800, 1), MaxTokens: 64}
+	if err := e.Add(a); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 100 && len(a.Output) == 0; i++ {
+		e.Step()
+	}
+	if len(a.Output) == 0 {
+		t.Fatal("first request got no token")
+	}
+	q0 := e.Stats().PrefixQueries
+	b := &EngineRequest{ID: "b", Prompt: tokens(1000, 2), MaxTokens: 8}
+	if err := e.Add(b); err != nil {
+		t.Fatal(err)
+	}
+	return e, a, b, q0
+}
+
+// TestSchedulerReserveFullISL pins vLLM's scheduler_reserve_full_isl
+// (Scheduler.schedule → KVCacheManager.allocate_slots with
+// full_sequence_must_fit for waiting requests): with it, a waiting request
+// is admitted only when its whole prompt fits; without it (older
+// releases) the first prefill chunk is enough.
+func TestSchedulerReserveFullISL(t *testing.T) {
+	for _, reserve := range []bool{false, true} {
+		cfg := smallConfig(100)
+		cfg.ReserveFullSequence = reserve
+		e, _, b, _ := fillThenQueue(t, cfg)
+		e.Step()
+		if admitted := b.running; admitted == reserve {
+			t.Errorf("reserve full sequence %v: second request running %v after a step", reserve, admitted)
+		}
+		runAll(t, e)
+		if !b.Done || len(b.Output) != b.MaxTokens {
+			t.Errorf("reserve %v: second request did not finish once the first left", reserve)
+		}
+	}
+}
+
+// TestGetComputedBlocksCountsEveryLookup pins how vLLM counts the prefix
+// cache queries of a waiting request that cannot get blocks: before PR
+// 48860 KVCacheManager.get_computed_blocks recorded every lookup, so a
+// request retried for k steps counts k times; from it on
+// record_prefix_cache_stats counts it once, when allocate_slots succeeds.
+func TestGetComputedBlocksCountsEveryLookup(t *testing.T) {
+	for _, every := range []bool{false, true} {
+		cfg := smallConfig(100)
+		cfg.ReserveFullSequence = true // keeps the second request waiting
+		cfg.CountEveryLookup = every
+		e, _, b, q0 := fillThenQueue(t, cfg)
+		const retries = 3
+		for i := 0; i < retries; i++ {
+			e.Step()
+		}
+		if b.running {
+			t.Fatal("second request was admitted; the test needs it blocked")
+		}
+		want := q0
+		if every {
+			want += retries * uint64(len(b.Prompt))
+		}
+		if got := e.Stats().PrefixQueries; got != want {
+			t.Errorf("count every lookup %v: %d queries after %d blocked lookups, want %d", every, got, retries, want)
+		}
+		runAll(t, e)
+		if every {
+			want = q0 + retries*uint64(len(b.Prompt))
+		}
+		if got := e.Stats().PrefixQueries; got <= want {
+			t.Errorf("count every lookup %v: the admission itself was not counted (%d queries)", every, got)
+		}
+	}
+}

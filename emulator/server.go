@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"strconv"
@@ -43,6 +44,14 @@ type ServerConfig struct {
 	// DPStatsInterval is the engine-time period of the load snapshot the
 	// data-parallel balancer decides on (default DefaultDPStatsInterval).
 	DPStatsInterval time.Duration
+	// DPRotate makes the data-parallel balancer rotate its tie-break after
+	// every pick, as vLLM does from PR 47420 on (see DPBalancer).
+	DPRotate bool
+	// DPAPIServers is the number of vLLM API server processes balancing
+	// on their own (default DataParallel, as `vllm serve
+	// --data-parallel-size N` starts); each request is decided by one at
+	// random, as the kernel spreads connections over them.
+	DPAPIServers int
 	// Model is the served model name (default DefaultModel). Requests may
 	// name any model.
 	Model string
@@ -118,7 +127,12 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		n, engines = 1, cfg.DataParallel
 	}
 	for i := 0; i < n; i++ {
-		rep := &replica{s: s, index: i, bal: NewDPBalancer(engines)}
+		clients := cfg.DPAPIServers
+		if clients <= 0 {
+			clients = engines
+		}
+		rep := &replica{s: s, index: i, bal: NewDPBalancerClients(engines, clients)}
+		rep.bal.Rotate = cfg.DPRotate
 		for k := 0; k < engines; k++ {
 			idx := i
 			if engines > 1 {
@@ -532,7 +546,7 @@ func (rep *replica) pick(r *http.Request) (*runner, error) {
 	}
 	rep.balMu.Lock()
 	defer rep.balMu.Unlock()
-	return rep.runners[rep.bal.Pick()], nil
+	return rep.runners[rep.bal.PickBy(rand.IntN(rep.bal.Clients()))], nil
 }
 
 // publishLoop publishes the engines' counts to the balancer every

@@ -33,7 +33,7 @@ type Config struct {
 	Engine   emulator.EngineConfig
 	Workload bench.Workload
 	Stages   []int
-	Modes    []string // default off, on
+	Modes    []string // default vllm-dp, on
 	// StageLength and Warmup are engine time.
 	StageLength, Warmup time.Duration
 	// Admin is Caddy's admin address (default 127.0.0.1:2019); the routing
@@ -56,7 +56,8 @@ type Config struct {
 	ResponseHeaderTimeout time.Duration
 }
 
-// DefaultConfig runs the brief's stages, affinity off then on, on four
+// DefaultConfig runs the reference measurement's stages, vLLM's own
+// data-parallel balancer then LM Warden with affinity on, on four
 // emulated A4000 replicas sped up ten times: 90 engine seconds measured
 // after 30 of warm-up per stage, about 2½ minutes of wall time in all.
 func DefaultConfig() Config {
@@ -66,7 +67,7 @@ func DefaultConfig() Config {
 		Engine:      emulator.DefaultEngineConfig(),
 		Workload:    bench.DefaultWorkload(),
 		Stages:      []int{4, 8, 16, 24, 32},
-		Modes:       []string{bench.ModeOff, bench.ModeOn},
+		Modes:       []string{bench.ModeVLLMDP, bench.ModeOn},
 		StageLength: 90 * time.Second,
 		Warmup:      30 * time.Second,
 		Admin:       "127.0.0.1:2019",
@@ -87,7 +88,34 @@ func Run(ctx context.Context, cfg Config) (*bench.Report, error) {
 		cfg.Admin = "127.0.0.1:2019"
 	}
 	if len(cfg.Modes) == 0 {
-		cfg.Modes = []string{bench.ModeOff, bench.ModeOn}
+		cfg.Modes = []string{bench.ModeVLLMDP, bench.ModeOn}
+	}
+	// The reference measurement's layout is one vLLM server with one
+	// engine per replica (data_parallel_size N): vLLM's own balancer picks
+	// the engine, and LM Warden pins its pick with X-data-parallel-rank.
+	// Caddy's own policies need one address per replica, so a run with
+	// them uses one single-engine server per replica instead, and cannot
+	// include vllm-dp.
+	dp := true
+	for _, m := range cfg.Modes {
+		if m != bench.ModeVLLMDP && m != bench.ModeOff && m != bench.ModeOn {
+			dp = false
+		}
+	}
+	if cfg.Fault != nil {
+		// a fault stops or hangs one replica: one server per replica (an
+		// engine of a data-parallel server cannot fail on its own)
+		dp = false
+	}
+	if !dp {
+		for _, m := range cfg.Modes {
+			if m == bench.ModeVLLMDP && cfg.Fault != nil {
+				return nil, fmt.Errorf("demo: a fault needs one server per replica; %s needs one data-parallel server: leave it out of --modes", bench.ModeVLLMDP)
+			}
+			if m == bench.ModeVLLMDP {
+				return nil, fmt.Errorf("demo: %s needs one data-parallel server and Caddy's own policies one server per replica; run them in separate demos", bench.ModeVLLMDP)
+			}
+		}
 	}
 	if cfg.ResponseHeaderTimeout <= 0 {
 		cfg.ResponseHeaderTimeout = 10 * time.Second
@@ -97,7 +125,12 @@ func Run(ctx context.Context, cfg Config) (*bench.Report, error) {
 			fmt.Fprintf(cfg.Log, format+"\n", args...)
 		}
 	}
-	srv, err := emulator.NewServer(emulator.ServerConfig{Replicas: cfg.Replicas, Speed: cfg.Speed, Model: cfg.Workload.Model, Engine: cfg.Engine})
+	scfg := emulator.ServerConfig{Replicas: cfg.Replicas, Speed: cfg.Speed, Model: cfg.Workload.Model, Engine: cfg.Engine}
+	dpSize := 1
+	if dp && cfg.Replicas > 1 {
+		scfg.DataParallel, dpSize = cfg.Replicas, cfg.Replicas
+	}
+	srv, err := emulator.NewServer(scfg)
 	if err != nil {
 		return nil, fmt.Errorf("starting the emulator: %w", err)
 	}
@@ -113,6 +146,7 @@ func Run(ctx context.Context, cfg Config) (*bench.Report, error) {
 		listen:    listen,
 		model:     cfg.Workload.Model,
 		maxSeqs:   cfg.Engine.MaxNumSeqs,
+		dpSize:    dpSize,
 		poll:      max(100*time.Millisecond, time.Duration(float64(time.Second)/cfg.Speed)),
 		upstreams: srv.URLs(),
 		health:    cfg.HealthChecks,
@@ -129,7 +163,11 @@ func Run(ctx context.Context, cfg Config) (*bench.Report, error) {
 	for _, u := range srv.URLs() {
 		metrics = append(metrics, u+"/metrics")
 	}
-	logf("emulator: %d replicas (%s), %g× speed: %s", cfg.Replicas, emulator.DefaultModel, cfg.Speed, strings.Join(srv.URLs(), " "))
+	if dpSize > 1 {
+		logf("emulator: one data-parallel server with %d engines (%s), %g× speed: %s", dpSize, emulator.DefaultModel, cfg.Speed, strings.Join(srv.URLs(), " "))
+	} else {
+		logf("emulator: %d replicas (%s), %g× speed: %s", cfg.Replicas, emulator.DefaultModel, cfg.Speed, strings.Join(srv.URLs(), " "))
+	}
 	logf("LM Warden (Caddy): http://%s — routing card: http://%s/lm-warden/ (open it while the stages run)", listen, cfg.Admin)
 	total := time.Duration(len(cfg.Stages)*len(cfg.Modes)) * time.Duration(float64(cfg.StageLength+cfg.Warmup)/cfg.Speed)
 	logf("stages %v × %v, %v + %v warm-up each in engine time: about %v of wall time", cfg.Stages, cfg.Modes, cfg.StageLength, cfg.Warmup, total.Round(time.Second))
@@ -180,6 +218,7 @@ func freeAddr() (string, error) {
 type demoProxy struct {
 	admin, listen, model string
 	maxSeqs              int
+	dpSize               int // engines behind the one upstream (1: one upstream per replica)
 	poll                 time.Duration
 	upstreams            []string
 	mode                 string
@@ -203,7 +242,14 @@ func (p *demoProxy) Caddyfile(mode string) string {
 			aff = "off"
 		}
 		fmt.Fprintf(&b, "\tlm_warden\n\treverse_proxy %s {\n", strings.Join(ups, " "))
-		fmt.Fprintf(&b, "\t\tlb_policy lm_warden {\n\t\t\tmodel %s\n\t\t\taffinity %s\n\t\t\tmax_num_seqs %d\n\t\t\tpoll_interval %s\n\t\t}\n", p.model, aff, p.maxSeqs, p.poll)
+		fmt.Fprintf(&b, "\t\tlb_policy lm_warden {\n\t\t\tmodel %s\n\t\t\taffinity %s\n\t\t\tmax_num_seqs %d\n\t\t\tpoll_interval %s\n", p.model, aff, p.maxSeqs, p.poll)
+		if p.dpSize > 1 {
+			fmt.Fprintf(&b, "\t\t\tdata_parallel_size %d\n", p.dpSize)
+		}
+		b.WriteString("\t\t}\n")
+	case bench.ModeVLLMDP:
+		// No selection: the one data-parallel server's balancer picks.
+		fmt.Fprintf(&b, "\treverse_proxy %s {\n", strings.Join(ups, " "))
 	case bench.ModeHeader:
 		fmt.Fprintf(&b, "\treverse_proxy %s {\n\t\tlb_policy header X-Claude-Code-Session-Id\n", strings.Join(ups, " "))
 	default:

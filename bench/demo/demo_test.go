@@ -59,7 +59,7 @@ func TestDemoEndToEnd(t *testing.T) {
 		if st.Errors != 0 {
 			t.Errorf("%s %d: %d errors", st.Mode, st.Sessions, st.Errors)
 		}
-		if st.Policy != "lm_warden" || st.DurationS != 40 {
+		if st.Policy != bench.PolicyOf(st.Mode) || st.DurationS != 40 {
 			t.Errorf("%s %d: policy %q duration %g", st.Mode, st.Sessions, st.Policy, st.DurationS)
 		}
 		if st.PrefixHitPct <= 0 || st.TTFBP50S <= 0 {
@@ -72,7 +72,7 @@ func TestDemoEndToEnd(t *testing.T) {
 			t.Errorf("affinity on, %d sessions: stayed %.1f%%, want 100", n, on.StayedPct)
 		}
 	}
-	if !strings.Contains(table.String(), "| 2 | ") || !strings.Contains(table.String(), "off → on") {
+	if !strings.Contains(table.String(), "| 2 | ") || !strings.Contains(table.String(), "vllm-dp → on") {
 		t.Errorf("table:\n%s", table.String())
 	}
 }

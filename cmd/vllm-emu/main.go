@@ -46,6 +46,10 @@ func run() error {
 		maxLen      = flag.Int("max-model-len", def.MaxModelLen, "max prompt + output tokens")
 		controlPort = flag.Int("control-port", 0, "serve fault controls (stop/restart/errors/metrics-hang/slow) on this port; 0 = off")
 		slow        = flag.String("slow", "", "start with engine:factor slowed, e.g. 2:3")
+		apiServers  = flag.Int("api-server-count", 0, "with --data-parallel-size: API server processes, each balancing on its own (0: one per engine, vLLM's default)")
+		dpRotate    = flag.Bool("dp-rotate", false, "the data-parallel balancer rotates its tie-break after every pick (vLLM from PR 47420 on); default: ties to the lowest engine")
+		reserveFull = flag.Bool("reserve-full-sequence", false, "admit a waiting request only when its whole prompt fits (vLLM's scheduler_reserve_full_isl)")
+		everyLookup = flag.Bool("count-every-lookup", false, "count prefix cache queries at every admission attempt (vLLM before PR 48860)")
 		dpInterval  = flag.Duration("dp-stats-interval", emulator.DefaultDPStatsInterval, "engine-time period of the load snapshot the data-parallel balancer decides on")
 	)
 	flag.Parse()
@@ -59,9 +63,11 @@ func run() error {
 	cfg := def
 	cfg.MaxNumSeqs, cfg.NumGPUBlocks, cfg.BlockSize = *maxSeqs, *blocks, *blockSize
 	cfg.MaxNumBatchedTokens, cfg.MaxModelLen = *batched, *maxLen
+	cfg.ReserveFullSequence, cfg.CountEveryLookup = *reserveFull, *everyLookup
 	srv, err := emulator.NewServer(emulator.ServerConfig{
 		Replicas: *replicas, DataParallel: *dp, Speed: *speed, Model: *model,
 		Engine: cfg, Host: *host, BasePort: *port, Logger: logger, DPStatsInterval: *dpInterval,
+		DPRotate: *dpRotate, DPAPIServers: *apiServers,
 	})
 	if err != nil {
 		return err

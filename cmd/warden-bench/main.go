@@ -79,7 +79,7 @@ type common struct {
 	out         string
 }
 
-func addCommon(fs *flag.FlagSet, c *common, w bench.Workload, stageLength, warmup time.Duration) {
+func addCommon(fs *flag.FlagSet, c *common, w bench.Workload, stageLength, warmup time.Duration, modes string) {
 	c.w = w
 	fs.Uint64Var(&c.w.Seed, "seed", w.Seed, "workload seed: the same seed sends the same prompts")
 	fs.IntVar(&c.w.SystemTokens, "system-tokens", w.SystemTokens, "tokens of the system prompt shared by all sessions")
@@ -91,8 +91,8 @@ func addCommon(fs *flag.FlagSet, c *common, w bench.Workload, stageLength, warmu
 	fs.DurationVar(&c.w.Think, "think", w.Think, "mean client pause between turns, engine time (0: none)")
 	fs.StringVar(&c.w.Model, "model", w.Model, "model name sent in requests (and LM Warden's model)")
 	fs.StringVar(&c.stages, "stages", "4,8,16,24,32", "concurrent sessions of each stage, comma-separated")
-	fs.StringVar(&c.modes, "modes", "off,on", "routing modes run per stage: off, on, least_conn, round_robin, header")
-	fs.BoolVar(&c.compare, "compare", false, "run all modes: off, on, least_conn, round_robin, header")
+	fs.StringVar(&c.modes, "modes", modes, "routing modes run per stage: vllm-dp, off, on, least_conn, round_robin, header")
+	fs.BoolVar(&c.compare, "compare", false, "run all modes: vllm-dp, off, on, least_conn, round_robin, header")
 	fs.DurationVar(&c.stageLength, "stage-length", stageLength, "measured length of a stage, engine time")
 	fs.DurationVar(&c.warmup, "warmup", warmup, "warm-up before each stage's measurement, engine time")
 	fs.StringVar(&c.out, "out", "warden-bench-out", "directory for report.json, table.md and the PNG charts")
@@ -116,7 +116,7 @@ func (c *common) parse() (stages []int, modes []string, err error) {
 			ok = ok || x == m
 		}
 		if !ok {
-			return nil, nil, fmt.Errorf("unknown mode %q (off, on, least_conn, round_robin, header)", m)
+			return nil, nil, fmt.Errorf("unknown mode %q (vllm-dp, off, on, least_conn, round_robin, header)", m)
 		}
 		modes = append(modes, m)
 	}
@@ -141,7 +141,7 @@ func runDemo(ctx context.Context, args []string) error {
 	d := demo.DefaultConfig()
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	var c common
-	addCommon(fs, &c, d.Workload, d.StageLength, d.Warmup)
+	addCommon(fs, &c, d.Workload, d.StageLength, d.Warmup, strings.Join(d.Modes, ","))
 	full := fs.Bool("full", false, "3-minute stages after a 1-minute warm-up (about 4½ minutes at 10x)")
 	fs.Float64Var(&d.Speed, "speed", d.Speed, "emulator speed: engine seconds per wall second")
 	fs.IntVar(&d.Replicas, "replicas", d.Replicas, "emulated replicas")
@@ -164,6 +164,16 @@ func runDemo(ctx context.Context, args []string) error {
 	stages, modes, err := c.parse()
 	if err != nil {
 		return err
+	}
+	if c.compare {
+		// vLLM's balancer needs the one-server layout, Caddy's policies
+		// one server per replica: --compare runs the latter.
+		modes = modes[:0:0]
+		for _, m := range bench.CompareModes {
+			if m != bench.ModeVLLMDP {
+				modes = append(modes, m)
+			}
+		}
 	}
 	d.Workload, d.Stages, d.Modes = c.w, stages, modes
 	d.StageLength, d.Warmup = c.stageLength, c.warmup
@@ -202,12 +212,17 @@ func runSim(args []string) error {
 	}
 	fs.String("preset", preset, "brief (4 × A4000, Qwen3-4B, 14k-token sessions) or 7gpu (7 × RTX 5090, 27B, 58k-token sessions, 16 vs 26 sessions)")
 	var c common
-	addCommon(fs, &c, cfg.Workload, cfg.StageLength, cfg.Warmup)
+	addCommon(fs, &c, cfg.Workload, cfg.StageLength, cfg.Warmup, strings.Join(cfg.Modes, ","))
 	fs.IntVar(&cfg.Replicas, "replicas", cfg.Replicas, "replicas")
 	fs.IntVar(&cfg.Engine.NumGPUBlocks, "kv-blocks", cfg.Engine.NumGPUBlocks, "KV cache blocks per replica")
 	fs.IntVar(&cfg.Engine.MaxNumSeqs, "max-num-seqs", cfg.Engine.MaxNumSeqs, "max_num_seqs per replica")
+	fs.BoolVar(&cfg.Engine.ReserveFullSequence, "reserve-full-sequence", cfg.Engine.ReserveFullSequence, "admit a waiting request only when its whole prompt fits (vLLM's scheduler_reserve_full_isl, current releases)")
+	fs.BoolVar(&cfg.Engine.CountEveryLookup, "count-every-lookup", cfg.Engine.CountEveryLookup, "count a prefix cache lookup at every admission attempt, as vLLM did before PR 48860")
 	fs.IntVar(&cfg.Placement.SpillThreshold, "spill-threshold", 0, "LM Warden spill threshold (0: auto = max_num_seqs/4)")
 	fs.IntVar(&cfg.Placement.SpillWaiting, "spill-waiting", 0, "also spill from a replica with at least this many requests waiting (0: off)")
+	fs.DurationVar(&cfg.DPStatsInterval, "dp-stats-interval", emulator.DefaultDPStatsInterval, "vllm-dp: how often vLLM's coordinator publishes the engines' counts, engine time")
+	fs.IntVar(&cfg.DPAPIServers, "dp-api-servers", 0, "vllm-dp: vLLM API server processes, each balancing on its own (0: one per replica, vLLM's default)")
+	fs.BoolVar(&cfg.DPRotate, "dp-rotate", false, "vllm-dp: rotate the balancer's tie-break after every pick (vLLM from PR 47420 on) instead of ties to the lowest engine")
 	detail := fs.Bool("detail", false, "print per stage where turns spend their time (queue, prefill, preemptions) and each replica's load")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -254,7 +269,7 @@ func joinInts(ns []int) string {
 func runHTTP(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	var c common
-	addCommon(fs, &c, bench.DefaultWorkload(), 3*time.Minute, 30*time.Second)
+	addCommon(fs, &c, bench.DefaultWorkload(), 3*time.Minute, 30*time.Second, "off,on")
 	var cl bench.Client
 	fs.StringVar(&cl.BaseURL, "url", "", "base URL to drive (LM Warden, vLLM or the emulator), without /v1")
 	api := fs.String("api", "anthropic", "client API: anthropic (POST /v1/messages) or openai (POST /v1/chat/completions)")

@@ -16,7 +16,7 @@ type Chart struct {
 	Render func(io.Writer) error
 }
 
-// Charts returns the brief's figures for the report: TTFB p50 and p95 per
+// Charts returns the reference measurement's figures for the report: TTFB p50 and p95 per
 // stage on a log scale, prefix hit % per stage, replicas busy per stage and
 // output tokens per minute per stage, one line per mode.
 func (r *Report) Charts() []Chart {

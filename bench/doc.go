@@ -1,12 +1,13 @@
-// Package bench is warden-bench: the Claude-Code-like workload of the brief,
+// Package bench is warden-bench: the Claude-Code-like workload of the reference
+// measurement (docs/reference-measurement.md),
 // the closed-loop stage runner that drives it over HTTP against any base URL
 // (an emulator, a real vLLM, or LM Warden in front of either), the per-stage
-// metrics with the brief's definitions, the report (table, JSON, PNG charts),
+// metrics with the reference measurement's definitions, the report (table, JSON, PNG charts),
 // the one-command demo (emulator and Caddy in-process) and a discrete-event
 // simulation that runs the same workload against the emulator's engine and
 // the real placement router on a virtual clock.
 //
-// The metric definitions follow the brief:
+// The metric definitions follow the reference measurement:
 //
 //   - sessions/h: sessions whose last turn finished inside the measured
 //     window, scaled to an hour;

@@ -21,8 +21,8 @@ const (
 	sevenGPUKVBytesTok = 12e9 / sevenGPUKVTokens // ≈ 83 KB of KV per token
 )
 
-// SevenGPUEngineConfig is one replica of the brief's second story: a
-// 27B-class model on one RTX 5090. The KV capacity is set from the brief's
+// SevenGPUEngineConfig is one replica of the 7-GPU story (docs/reference-measurement.md): a
+// 27B-class model on one RTX 5090. The KV capacity is set from the story's
 // own account rather than a model card: 16 sessions of ~58k tokens on
 // seven replicas "fit" (≈ 133k tokens per replica) and 26 do not, so each
 // replica holds 144,000 tokens (9,000 blocks of 16), about 12 GB of KV at
@@ -48,7 +48,7 @@ func SevenGPUEngineConfig() emulator.EngineConfig {
 	}
 }
 
-// SevenGPUSimConfig is the brief's second story as a simulation: seven
+// SevenGPUSimConfig is the 7-GPU story (docs/reference-measurement.md) as a simulation: seven
 // replicas, sessions of ~58k tokens, 26 and then 16 concurrent sessions,
 // under Caddy's header hash of the session ID (the first rule in the
 // story), vLLM's own data-parallel balancer (vllm-dp) and LM Warden

@@ -74,7 +74,7 @@ func (r *Report) SessionCounts() []int {
 	return ns
 }
 
-// WriteTable prints the brief's table: one row per session count with
+// WriteTable prints the reference measurement's table: one row per session count with
 // "off → on" pairs, then, when the run has other modes, one row per stage.
 func (r *Report) WriteTable(w io.Writer) error {
 	var b strings.Builder

@@ -50,7 +50,7 @@ type SimConfig struct {
 	Detail func(SimDetail)
 }
 
-// DefaultSimConfig is the brief's 4-GPU sweep: 4 replicas of the
+// DefaultSimConfig is the reference measurement's sweep: 4 replicas of the
 // calibrated engine, stages 4–32, affinity off then on, 3-minute stages
 // after a 30-second warm-up.
 func DefaultSimConfig() SimConfig {

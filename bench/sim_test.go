@@ -60,7 +60,7 @@ func TestSimDirection(t *testing.T) {
 	}
 }
 
-// TestSimSevenGPUStory checks the direction of the brief's second story on
+// TestSimSevenGPUStory checks the direction of the 7-GPU story on
 // shortened stages: hashing the session ID is sticky but blind to load, so
 // at 26 sessions it leaves replicas idle, and placing by load keeps more of
 // the prompt cached.
@@ -113,7 +113,7 @@ func TestSimDeterministic(t *testing.T) {
 }
 
 // TestSimOverloadIsKVBound pins down why TTFB is high past the KV cache
-// (the brief's open question at 24 and 32 sessions): vLLM runs only what
+// (the reference measurement's open question at 24 and 32 sessions): vLLM runs only what
 // fits in KV, far below the spill threshold, the rest queue, preemptions
 // are common, and only the shared system prompt survives until a
 // conversation's next turn — for affinity off and on alike. It also checks

@@ -10,7 +10,7 @@ import (
 	"time"
 )
 
-// Workload describes the Claude-Code-like sessions of the brief. Sizes are in
+// Workload describes the Claude-Code-like sessions of the reference measurement. Sizes are in
 // tokens as counted by the workload's TokenCounter.
 type Workload struct {
 	// Seed makes two runs send identical prompts.
@@ -37,7 +37,7 @@ type Workload struct {
 	Think time.Duration `json:"think_ns"`
 }
 
-// DefaultWorkload is the brief's 4-GPU measurement: a 3.5k system prompt,
+// DefaultWorkload is the reference measurement (4 × RTX A4000): a 3.5k system prompt,
 // a 7.3k first message, five more turns of 400 tokens, 256 output tokens.
 func DefaultWorkload() Workload {
 	return Workload{
@@ -52,7 +52,7 @@ func DefaultWorkload() Workload {
 	}
 }
 
-// SevenGPUWorkload is the brief's second story: headless agents whose
+// SevenGPUWorkload is the 7-GPU story: headless agents whose
 // sessions grow to about 58k tokens (3.5k system, 24k first message, eight
 // more turns of 3.5k, 256 output tokens per turn).
 func SevenGPUWorkload() Workload {

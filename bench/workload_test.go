@@ -15,7 +15,7 @@ func TestWorkloadTokenTargets(t *testing.T) {
 		name string
 		w    Workload
 	}{
-		{"brief", DefaultWorkload()},
+		{"reference", DefaultWorkload()},
 		{"seven-gpu", SevenGPUWorkload()},
 		{"exact", func() Workload {
 			w := DefaultWorkload()

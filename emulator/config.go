@@ -72,14 +72,15 @@ const (
 )
 
 // DefaultEngineConfig is one RTX A4000 16 GiB serving Qwen3-4B-Instruct-2507
-// in bf16 with vLLM V1, as in the brief:
+// in bf16 with vLLM V1, as in the reference measurement
+// (docs/reference-measurement.md):
 //
 //   - KV per token: 36 layers × 8 KV heads × 128 dims × (K, V) × 2 bytes
 //     = 147,456 B (144 KiB); a block of 16 tokens is 2.25 MiB. About 5 GiB
 //     is left for KV at gpu_memory_utilization 0.9 after 8 GB of weights and
 //     activations: 5 GiB / 2.25 MiB ≈ 2,275, so NumGPUBlocks 2,300 and
 //     BlockSize 16 (vLLM's default): 36,800 tokens.
-//   - MaxNumSeqs 32: the brief's spill threshold 8 is max_num_seqs/4.
+//   - MaxNumSeqs 32: the reference measurement's spill threshold 8 is max_num_seqs/4.
 //   - MaxNumBatchedTokens 2,048: vLLM V1's default for `vllm serve` (the
 //     OpenAI API server usage context) on GPUs under 70 GiB; the offline
 //     LLM class uses 8,192.

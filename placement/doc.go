@@ -106,22 +106,12 @@
 // # Overload
 //
 // When the conversations in flight hold more context than the replicas' KV
-// caches (the brief's 24 and 32 sessions of ≈13k tokens on 4 × 36,800
-// tokens), vLLM runs only the requests it has KV blocks for: about three
-// per replica, far below the default threshold of 8, while the rest wait
-// in its queue. The running count then never crosses the threshold, so no
-// spill happens (lowering it to 4 changes nothing), every replica is
-// equally full, and every policy ties: in bench's simulation each turn
-// waits 12 s (24 sessions) to 26 s (32) in the queue, two in three turns
-// are preempted at least once, and only the shared system prompt is still
-// cached when a conversation's next turn comes (28 % prefix hits for
-// affinity off and on alike). The median TTFB there is queueing behind KV,
-// not misplacement; only fewer concurrent sessions (or more KV) fixes it.
-// SpillWaiting reacts to the queue instead of the running count; in the
-// simulation it trims the tail at overload on 7 replicas (26 sessions:
-// TTFB p50 18.6 → 15.9 s, output +3 %) and is neutral at low load, but on
-// the 4-replica sweep its effect is within seed-to-seed noise, so it is
-// not the default.
+// caches, vLLM runs only the requests it has KV blocks for, far fewer than
+// the default threshold, and queues the rest: the running count never
+// crosses the threshold, no spill happens and every replica is equally
+// full, whatever the policy. SpillWaiting reacts to the queue instead; it
+// is off by default. docs/overload.md in the repository has the measured
+// figures and the commands that regenerate them.
 //
 // # Bindings
 //

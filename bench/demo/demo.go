@@ -1,6 +1,6 @@
 // Package demo is warden-bench's one-command demo: emulated vLLM replicas
 // and Caddy with LM Warden, both in this process on loopback, driven by
-// the bench workload through the stages of the brief.
+// the bench workload through the stages of the reference measurement.
 package demo
 
 import (

@@ -1,10 +1,10 @@
 // Command warden-bench measures what LM Warden's affinity buys, column for
-// column like the brief: a one-command demo (emulated replicas and Caddy
+// column like the reference measurement (docs/reference-measurement.md): a one-command demo (emulated replicas and Caddy
 // with LM Warden in-process), a virtual-clock simulation, and a load
 // harness against any base URL (a real vLLM, or LM Warden in front of it).
 //
 //	warden-bench demo [--full] [--compare] [flags]
-//	warden-bench sim  [--preset brief|7gpu] [--compare] [flags]
+//	warden-bench sim  [--preset 4gpu|7gpu] [--compare] [flags]
 //	warden-bench run  --url URL --metrics URL[,URL...] [flags]
 package main
 
@@ -57,7 +57,8 @@ func main() {
 }
 
 func usage(w io.Writer) {
-	fmt.Fprint(w, `warden-bench: the brief's measurement of LM Warden, column for column.
+	fmt.Fprint(w, `warden-bench: the reference measurement of LM Warden (4 × RTX A4000, Qwen3-4B,
+vLLM data-parallel 4; docs/reference-measurement.md), column for column.
 
   warden-bench demo   emulator + Caddy with LM Warden in-process; stages 4-32, affinity off then on
   warden-bench sim    the same experiment on a virtual clock (engine model x real router), in seconds
@@ -193,7 +194,7 @@ func runDemo(ctx context.Context, args []string) error {
 
 func runSim(args []string) error {
 	fs := flag.NewFlagSet("sim", flag.ContinueOnError)
-	preset := "brief"
+	preset := "4gpu"
 	for i, a := range args { // the preset decides the other flags' defaults
 		if v, ok := strings.CutPrefix(a, "--preset="); ok {
 			preset = v
@@ -203,14 +204,14 @@ func runSim(args []string) error {
 	}
 	var cfg bench.SimConfig
 	switch preset {
-	case "brief":
+	case "4gpu":
 		cfg = bench.DefaultSimConfig()
 	case "7gpu":
 		cfg = bench.SevenGPUSimConfig()
 	default:
-		return fmt.Errorf("unknown preset %q (brief or 7gpu)", preset)
+		return fmt.Errorf("unknown preset %q (4gpu or 7gpu)", preset)
 	}
-	fs.String("preset", preset, "brief (4 × A4000, Qwen3-4B, 14k-token sessions) or 7gpu (7 × RTX 5090, 27B, 58k-token sessions, 16 vs 26 sessions)")
+	fs.String("preset", preset, "4gpu (4 × A4000, Qwen3-4B, 14k-token sessions) or 7gpu (7 × RTX 5090, 27B, 58k-token sessions, 16 vs 26 sessions)")
 	var c common
 	addCommon(fs, &c, cfg.Workload, cfg.StageLength, cfg.Warmup, strings.Join(cfg.Modes, ","))
 	fs.IntVar(&cfg.Replicas, "replicas", cfg.Replicas, "replicas")

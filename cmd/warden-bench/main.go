@@ -60,7 +60,7 @@ func usage(w io.Writer) {
 	fmt.Fprint(w, `warden-bench: the reference measurement of LM Warden (4 × RTX A4000, Qwen3-4B,
 vLLM data-parallel 4; docs/reference-measurement.md), column for column.
 
-  warden-bench demo   emulator + Caddy with LM Warden in-process; stages 4-32, affinity off then on
+  warden-bench demo   emulator + Caddy with LM Warden in-process; stages 4-32, vLLM's own balancer then LM Warden
   warden-bench sim    the same experiment on a virtual clock (engine model x real router), in seconds
   warden-bench run    drive any base URL (vLLM, or LM Warden in front of it) and poll the replicas
 

@@ -20,8 +20,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/lmwarden/caddy-lmwarden/bench"
-	"github.com/lmwarden/caddy-lmwarden/bench/demo"
+	"github.com/lmwarden/caddy-lmwarden/tools/bench"
+	"github.com/lmwarden/caddy-lmwarden/tools/bench/demo"
 	"github.com/lmwarden/caddy-lmwarden/emulator"
 )
 

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lmwarden/caddy-lmwarden/bench"
+	"github.com/lmwarden/caddy-lmwarden/tools/bench"
 )
 
 // TestDemoEndToEnd runs a short demo through real Caddy with LM Warden in

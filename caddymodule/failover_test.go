@@ -308,26 +308,41 @@ func checkFaultStage(t *testing.T, log []turnLog, dead string, tFault, tOut, tBa
 	return f
 }
 
+// startFaultStage loads the README's core snippet for model in front of
+// dials (response_header_timeout rht), runs eight agents through it for
+// three seconds and starts watching the card of the busiest replica, the one
+// a test then breaks. end stops the agents and the watch and waits for them;
+// it may be called more than once.
+func startFaultStage(t *testing.T, model string, dials []string, rht string) (fr *faultRun, target int, w *outWatch, end func()) {
+	t.Helper()
+	loadSite(t, coreSite(model, dials, rht, ""))
+	fr = &faultRun{t: t, url: siteURL, model: model}
+	stop, stopWatch := make(chan struct{}), make(chan struct{})
+	done := make(chan struct{})
+	go func() { fr.run(8, stop); close(done) }()
+	var once sync.Once
+	end = func() {
+		once.Do(func() {
+			close(stop)
+			<-done
+			close(stopWatch)
+		})
+	}
+	t.Cleanup(end) // also when the test fails early: no client outlives it
+	time.Sleep(3 * time.Second)
+	target = busiest(t, model, dials)
+	w = watchCard(t, model, dials[target], stopWatch)
+	time.Sleep(50 * time.Millisecond)
+	return fr, target, w, end
+}
+
 // TestKilledReplicaMidStage kills one of four emulated replicas while eight
 // agents keep their conversations going through Caddy with the README's core
 // snippet (no health checks, no retries), then restarts it.
 func TestKilledReplicaMidStage(t *testing.T) {
 	emu, dials := startEmulator(t, 4)
 	const poll = time.Second // the default poll_interval
-	loadSite(t, coreSite("killed", dials, "10m", ""))
-	fr := &faultRun{t: t, url: siteURL, model: "killed"}
-	stop, stopWatch := make(chan struct{}), make(chan struct{})
-	defer close(stopWatch)
-	done := make(chan struct{})
-	go func() { fr.run(8, stop); close(done) }()
-	var stopOnce sync.Once
-	end := func() { stopOnce.Do(func() { close(stop) }); <-done }
-	defer end() // also when the test fails early: no client outlives it
-
-	time.Sleep(3 * time.Second)
-	dead := busiest(t, "killed", dials)
-	w := watchCard(t, "killed", dials[dead], stopWatch)
-	time.Sleep(50 * time.Millisecond)
+	fr, dead, w, end := startFaultStage(t, "killed", dials, "10m")
 	tKill := time.Now()
 	if err := emu.Stop(dead); err != nil {
 		t.Fatal(err)
@@ -393,20 +408,7 @@ func TestKilledReplicaMidStage(t *testing.T) {
 func TestHungReplicaMidStage(t *testing.T) {
 	emu, dials := startEmulator(t, 4)
 	const rht = time.Second
-	loadSite(t, coreSite("hung", dials, "1s", ""))
-	fr := &faultRun{t: t, url: siteURL, model: "hung"}
-	stop, stopWatch := make(chan struct{}), make(chan struct{})
-	defer close(stopWatch)
-	done := make(chan struct{})
-	go func() { fr.run(8, stop); close(done) }()
-	var stopOnce sync.Once
-	end := func() { stopOnce.Do(func() { close(stop) }); <-done }
-	defer end() // also when the test fails early: no client outlives it
-
-	time.Sleep(3 * time.Second)
-	hung := busiest(t, "hung", dials)
-	w := watchCard(t, "hung", dials[hung], stopWatch)
-	time.Sleep(50 * time.Millisecond)
+	fr, hung, w, end := startFaultStage(t, "hung", dials, "1s")
 	tHang := time.Now()
 	if err := emu.SetRequestsHang(hung, true); err != nil {
 		t.Fatal(err)

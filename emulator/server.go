@@ -336,14 +336,20 @@ func (s *Server) SetMetricsHang(i int, on bool) error {
 	}
 	rep.mu.Lock()
 	defer rep.mu.Unlock()
-	switch {
-	case on && rep.hang == nil:
-		rep.hang = make(chan struct{})
-	case !on && rep.hang != nil:
-		close(rep.hang)
-		rep.hang = nil
-	}
+	setGate(&rep.hang, on)
 	return nil
+}
+
+// setGate opens a hang (a channel that held requests wait on) or, when on
+// is false, closes it and lets them go; rep.mu held.
+func setGate(gate *chan struct{}, on bool) {
+	switch {
+	case on && *gate == nil:
+		*gate = make(chan struct{})
+	case !on && *gate != nil:
+		close(*gate)
+		*gate = nil
+	}
 }
 
 // SetRequestsHang makes replica i accept generation requests and never
@@ -361,13 +367,7 @@ func (s *Server) SetRequestsHang(i int, on bool) error {
 	}
 	rep.mu.Lock()
 	defer rep.mu.Unlock()
-	switch {
-	case on && rep.reqHang == nil:
-		rep.reqHang = make(chan struct{})
-	case !on && rep.reqHang != nil:
-		close(rep.reqHang)
-		rep.reqHang = nil
-	}
+	setGate(&rep.reqHang, on)
 	return nil
 }
 

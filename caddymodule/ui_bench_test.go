@@ -13,12 +13,11 @@ import (
 	"github.com/lmwarden/caddy-lmwarden/vllmstats"
 )
 
-// benchUIModel registers a live model with 4 replicas and an hour of usage
-// recorded (one response per replica per second), as the admin endpoint
-// finds it, and returns its name.
-func benchUIModel(b *testing.B) string {
+// uiLiveModel registers a live model with 4 replicas and an hour of usage
+// recorded up to now (one response per replica per second), as the admin
+// endpoint finds it; the test's cleanup removes it.
+func uiLiveModel(b testing.TB, name string, now time.Time) *modelState {
 	b.Helper()
-	const name = "bench-ui-model"
 	val, _, err := modelStates.LoadOrNew(name, func() (caddy.Destructor, error) {
 		m := newModelState(name, placement.Config{MaxNumSeqs: 32})
 		m.configure(placement.Config{MaxNumSeqs: 32}, pollSettings{Interval: time.Hour, Timeout: time.Second, FailAfter: 3, MetricsPath: "/metrics", Scheme: "http"}, nil)
@@ -36,21 +35,21 @@ func benchUIModel(b *testing.B) string {
 		targets[i] = vllmstats.Target{ID: ids[i], BaseURL: "http://" + ids[i]}
 	}
 	m.setTargets(ids, targets)
-	now := time.Now()
 	for s := int64(vllmstats.SeriesLength); s >= 0; s-- {
 		at := now.Add(-time.Duration(s) * time.Second)
 		for i, id := range ids {
-			m.acct.Record(id, vllmstats.Usage{PromptTokens: 4000 + int64(i), CachedTokens: 3500, CompletionTokens: 60,
-				Measured: true, CachedMeasured: true}, at)
+			cached := 3000 + (s*7+int64(i))%500
+			m.acct.Record(id, vllmstats.Usage{PromptTokens: cached + 500 + s%41, CachedTokens: cached,
+				CompletionTokens: 20 + s%60, Measured: true, CachedMeasured: true}, at)
 		}
 	}
-	return name
+	return m
 }
 
 // benchUIRefresh measures one refresh of a view document the page polls,
 // as a browser asks for it (gzip accepted), through the admin route.
 func benchUIRefresh(b *testing.B, path string) {
-	benchUIModel(b)
+	uiLiveModel(b, "bench-ui-model", time.Now())
 	req := httptest.NewRequest(http.MethodGet, path, nil)
 	req.Header.Set("Accept-Encoding", "gzip, deflate, br")
 	w := &benchWriter{h: http.Header{}}

@@ -39,6 +39,11 @@ import (
 // HEAD) and compressed by klauspost/compress's gzhttp, the compression
 // library Caddy itself builds on.
 //
+// The page is three files of package caddymodule (ui_server.go, ui_views.go,
+// ui_source.go) rather than a package of its own because what it renders are
+// admin.go's document types (Card, ModelList); it reaches the running models
+// only through uiSource, which the tests fill with fixed documents.
+//
 // Caddy's admin endpoint rejects browser requests whose Origin (or Referer)
 // is not an allowed origin, and every no-cors request: the shell therefore
 // loads its assets with crossorigin="anonymous" and the responses keep a

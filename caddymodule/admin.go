@@ -1,13 +1,10 @@
 package caddymodule
 
 import (
-	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"net/url"
 	"strings"
 	"time"
@@ -21,11 +18,6 @@ import (
 func init() {
 	caddy.RegisterModule(adminAPI{})
 }
-
-// uiHandler serves the routing card and stats pages at GET /lm-warden/ and
-// /lm-warden/ui/…; the page code sets it. While it is nil those paths
-// answer 404.
-var uiHandler caddy.AdminHandler
 
 // adminAPI serves LM Warden's JSON on Caddy's admin endpoint:
 //
@@ -60,37 +52,15 @@ func apiErr(status int, format string, args ...any) error {
 	return caddy.APIError{HTTPStatus: status, Err: err, Message: err.Error()}
 }
 
+// handleUI serves the routing card and stats pages (ui_server.go).
 func (adminAPI) handleUI(w http.ResponseWriter, r *http.Request) error {
-	if uiHandler == nil {
-		return apiErr(http.StatusNotFound, "not found: %s", r.URL.Path)
-	}
-	return uiHandler.ServeHTTP(w, r)
+	return serveUI(w, r)
 }
 
-// serveAdminJSON answers a GET of one of this module's JSON paths
-// (/lm-warden/models…) in-process, as the admin endpoint would: the status,
-// the body, and the error for non-2xx answers.
-func serveAdminJSON(ctx context.Context, path string) (int, []byte, error) {
-	req := httptest.NewRequestWithContext(ctx, http.MethodGet, path, nil)
-	rec := httptest.NewRecorder()
-	var a adminAPI
-	var err error
-	switch {
-	case req.URL.Path == "/lm-warden/models":
-		err = a.handleModels(rec, req)
-	case strings.HasPrefix(req.URL.Path, "/lm-warden/models/"):
-		err = a.handleModel(rec, req)
-	default:
-		err = apiErr(http.StatusNotFound, "not found: %s", path)
-	}
-	if err != nil {
-		var ae caddy.APIError
-		if errors.As(err, &ae) {
-			return ae.HTTPStatus, nil, err
-		}
-		return http.StatusInternalServerError, nil, err
-	}
-	return rec.Code, rec.Body.Bytes(), nil
+// errUnknownModel is the admin API's answer for a model no loaded
+// configuration names.
+func errUnknownModel(name string) error {
+	return apiErr(http.StatusNotFound, "unknown model %q", name)
 }
 
 func writeJSON(w http.ResponseWriter, v any) error {
@@ -122,7 +92,11 @@ func (adminAPI) handleModels(w http.ResponseWriter, r *http.Request) error {
 	if r.Method != http.MethodGet {
 		return apiErr(http.StatusMethodNotAllowed, "method not allowed")
 	}
-	now := time.Now()
+	return writeJSON(w, buildModelList(time.Now()))
+}
+
+// buildModelList is the answer of GET /lm-warden/models at now.
+func buildModelList(now time.Time) ModelList {
 	out := ModelList{Models: []ModelSummary{}}
 	for _, m := range models() {
 		s := m.router.Snapshot()
@@ -139,7 +113,7 @@ func (adminAPI) handleModels(w http.ResponseWriter, r *http.Request) error {
 			Reachable: reach, Bindings: s.Bindings, HourCachedShare: m.acct.HourCachedShare(now),
 		})
 	}
-	return writeJSON(w, out)
+	return out
 }
 
 // resolveModel splits the path after /lm-warden/models/ into a live model
@@ -165,7 +139,7 @@ func resolveModel(r *http.Request) (*modelState, string, error) {
 	if best == nil {
 		seg, _, _ := strings.Cut(rest, "/")
 		name, _ := url.PathUnescape(seg)
-		return nil, "", apiErr(http.StatusNotFound, "unknown model %q", name)
+		return nil, "", errUnknownModel(name)
 	}
 	return best, bestRest, nil
 }

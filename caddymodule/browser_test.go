@@ -318,7 +318,7 @@ func TestBrowserPageFixture(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &uiServer{bundle: b, fetch: f.fetch, now: time.Now, refresh: browserRefresh}
+	s := &uiServer{bundle: b, src: f, now: time.Now, refresh: browserRefresh}
 	ts := httptest.NewServer(uiTestMux(s, f))
 	t.Cleanup(ts.Close)
 
@@ -365,7 +365,11 @@ func TestBrowserPageFixture(t *testing.T) {
 		chromedp.Evaluate[chromedp.Void](`document.getElementById("replica-pick").dispatchEvent(new Event("change"))`)); err != nil {
 		t.Fatal(err)
 	}
-	one, _ := buildStatsView(f.stats, "127.0.0.1:8001")
+	oneChart, err := f.Chart("qwen3-4b", time.Now(), uiChartPoints, "127.0.0.1:8001")
+	if err != nil {
+		t.Fatal(err)
+	}
+	one := buildStatsView("qwen3-4b", "127.0.0.1:8001", oneChart)
 	if _, err := chromedp.Run(ctx, chromedp.Poll[bool](fmt.Sprintf(`document.getElementById("share").textContent === %q`, one.Share.T),
 		chromedp.WithPollingTimeout(10*time.Second))); err != nil {
 		t.Errorf("per-replica share %q never shown: %v", one.Share.T, err)

@@ -3,31 +3,37 @@ package caddymodule
 import (
 	"bytes"
 	"compress/gzip"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+
+	"github.com/lmwarden/caddy-lmwarden/vllmstats"
 )
 
-// uiFixture serves admin JSON documents in the agreed shapes, the way
-// admin.go does, from values a test controls: the card of the reference
-// measurement (docs/reference-measurement.md), affinity on, threshold 8
-// (4 replicas, sticky 38/21/19/29, prefix hit rates 82.2/86.0/69.0/80.0 %).
+// uiFixture is a uiSource of values a test controls, and serves the admin
+// JSON writes the page sends the way admin.go does: the card of the
+// reference measurement (docs/reference-measurement.md), affinity on,
+// threshold 8 (4 replicas, sticky 38/21/19/29, prefix hit rates
+// 82.2/86.0/69.0/80.0 %). Its per-second series (stats) are recorded into a
+// real accountant, which sums them into the chart's steps.
 type uiFixture struct {
 	mu    sync.Mutex
 	card  Card
 	stats Stats
+	acct  *vllmstats.Accountant
 }
 
 func newUIFixture(now time.Time) *uiFixture {
@@ -63,7 +69,63 @@ func newUIFixture(now time.Time) *uiFixture {
 		f.stats.Replicas[id] = s
 	}
 	f.stats.Sum = sum
+	// Series index j is the second now.Unix()-3599+j: index 3599 is the
+	// second in progress.
+	f.acct = vllmstats.NewAccountant()
+	for id, ser := range f.stats.Replicas {
+		for j := range ser.Cached {
+			if ser.Cached[j]+ser.Computed[j]+ser.Generated[j] == 0 {
+				continue
+			}
+			f.acct.Record(id, vllmstats.Usage{
+				PromptTokens: int64(ser.Cached[j] + ser.Computed[j]), CachedTokens: int64(ser.Cached[j]),
+				CompletionTokens: int64(ser.Generated[j]), Measured: true, CachedMeasured: true,
+			}, time.Unix(now.Unix()-3599+int64(j), 0))
+		}
+	}
 	return f
+}
+
+func (f *uiFixture) modelList() ModelList {
+	c := f.card
+	return ModelList{Models: []ModelSummary{{
+		Model: c.Model, Affinity: c.Affinity, SpillThreshold: c.SpillThreshold, SpillAuto: c.SpillAuto,
+		StickyPct: c.StickyPct, InFlight: c.InFlight, Replicas: len(c.Replicas), Reachable: len(c.Replicas),
+		Bindings: c.Bindings, HourCachedShare: f.stats.HourCachedShare,
+	}}}
+}
+
+// Models implements uiSource.
+func (f *uiFixture) Models(time.Time) ModelList {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.modelList()
+}
+
+// Card implements uiSource.
+func (f *uiFixture) Card(model string, _ time.Time) (Card, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if model != f.card.Model {
+		return Card{}, errUnknownModel(model)
+	}
+	return f.card, nil
+}
+
+// Chart implements uiSource from the fixture's accountant.
+func (f *uiFixture) Chart(model string, now time.Time, points int, replica string) (uiChart, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if model != f.card.Model {
+		return uiChart{}, errUnknownModel(model)
+	}
+	c, ok := f.acct.Chart(now, points, replica)
+	if !ok {
+		return uiChart{}, caddy.APIError{HTTPStatus: http.StatusNotFound,
+			Err: fmt.Errorf("%w %q in model %q", errUIUnknownReplica, replica, model)}
+	}
+	ids := slices.Sorted(maps.Keys(f.stats.Replicas))
+	return uiChart{Chart: c, Replicas: ids, HourCachedShare: f.stats.HourCachedShare}, nil
 }
 
 // ServeHTTP answers the admin JSON paths the page reads and writes.
@@ -74,12 +136,7 @@ func (f *uiFixture) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	enc := json.NewEncoder(w)
 	switch p := r.URL.Path; {
 	case p == "/lm-warden/models" && r.Method == http.MethodGet:
-		c := f.card
-		_ = enc.Encode(ModelList{Models: []ModelSummary{{
-			Model: c.Model, Affinity: c.Affinity, SpillThreshold: c.SpillThreshold, SpillAuto: c.SpillAuto,
-			StickyPct: c.StickyPct, InFlight: c.InFlight, Replicas: len(c.Replicas), Reachable: len(c.Replicas),
-			Bindings: c.Bindings, HourCachedShare: f.stats.HourCachedShare,
-		}}})
+		_ = enc.Encode(f.modelList())
 	case p == "/lm-warden/models/qwen3-4b" && r.Method == http.MethodGet:
 		_ = enc.Encode(f.card)
 	case p == "/lm-warden/models/qwen3-4b/stats" && r.Method == http.MethodGet:
@@ -103,20 +160,13 @@ func (f *uiFixture) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// fetch reads a fixture document in-process, like fetchAdminInProcess.
-func (f *uiFixture) fetch(_ context.Context, path string) (int, []byte, error) {
-	rec := httptest.NewRecorder()
-	f.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
-	return rec.Code, rec.Body.Bytes(), nil
-}
-
 func newTestUIServer(t testing.TB, f *uiFixture, now time.Time) *uiServer {
 	t.Helper()
 	b, err := loadUIBundle(uiFiles)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &uiServer{bundle: b, fetch: f.fetch, now: func() time.Time { return now }}
+	return &uiServer{bundle: b, src: f, now: func() time.Time { return now }}
 }
 
 // uiTestMux puts the page and the fixture behind one handler, as the admin
@@ -515,16 +565,20 @@ func TestUINiceCeil(t *testing.T) {
 	}
 }
 
+// TestUIAcceptsGzip checks which Accept-Encoding headers get the chart's
+// view gzipped.
 func TestUIAcceptsGzip(t *testing.T) {
+	now := time.Now()
+	f := newUIFixture(now)
+	h := uiTestMux(newTestUIServer(t, f, now), f)
 	for _, tc := range []struct {
 		in   string
 		want bool
 	}{
 		{"", false}, {"gzip", true}, {"br, gzip;q=0.5", true}, {"gzip;q=0", false}, {"deflate", false}, {"GZIP", true},
 	} {
-		r := httptest.NewRequest(http.MethodGet, "/", nil)
-		r.Header.Set("Accept-Encoding", tc.in)
-		if got := uiAcceptsGzip(r); got != tc.want {
+		resp := uiGet(t, h, "/lm-warden/ui/qwen3-4b/stats.json", "Accept-Encoding", tc.in)
+		if got := resp.Header.Get("Content-Encoding") == "gzip"; got != tc.want {
 			t.Errorf("acceptsGzip(%q) = %v", tc.in, got)
 		}
 	}
@@ -558,7 +612,7 @@ func FuzzUIPath(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	s := &uiServer{bundle: b, fetch: fx.fetch, now: func() time.Time { return now }}
+	s := &uiServer{bundle: b, src: fx, now: func() time.Time { return now }}
 	h := uiTestMux(s, fx)
 	f.Fuzz(func(t *testing.T, path string) {
 		u, err := url.ParseRequestURI(path)
@@ -577,4 +631,112 @@ func FuzzUIPath(f *testing.F) {
 			t.Fatalf("%q: status %d: %s", path, rec.Code, rec.Body.String())
 		}
 	})
+}
+
+// TestUILiveSource serves the views of a live model (as the admin endpoint
+// finds it) and checks the chart against the accountant's per-second
+// series summed into 10 s points, the way the page has always drawn it.
+func TestUILiveSource(t *testing.T) {
+	now := time.Date(2026, 11, 30, 19, 0, 0, 500_000_000, time.UTC)
+	m := uiLiveModel(t, "ui-live/model", now)
+	b, err := loadUIBundle(uiFiles)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &uiServer{bundle: b, src: liveSource{}, now: func() time.Time { return now }}
+	h := uiTestMux(s, newUIFixture(now))
+
+	models, resp := uiDecodeView[uiModelsView](t, h, "/lm-warden/ui/-/models.json")
+	if resp.StatusCode != http.StatusOK || !slices.ContainsFunc(models.Models, func(r uiModelRow) bool {
+		return r.Model == "ui-live/model" && r.Href == "ui-live%2Fmodel" && r.Cells["replicas"].V == float64(4)
+	}) {
+		t.Errorf("status %d, models %+v", resp.StatusCode, models.Models)
+	}
+
+	card, resp := uiDecodeView[uiCardView](t, h, "/lm-warden/ui/ui-live%2Fmodel/view.json")
+	if resp.StatusCode != http.StatusOK || card.Model != "ui-live/model" || len(card.Replicas) != 4 || card.Replicas[0].ID != "127.0.0.1:8001" {
+		t.Fatalf("status %d, card %+v", resp.StatusCode, card)
+	}
+
+	ser := m.acct.Series(now)
+	for _, replica := range []string{"", "127.0.0.1:8003"} {
+		sum := ser.Sum
+		if replica != "" {
+			sum = ser.Replicas[replica]
+		}
+		v, resp := uiDecodeView[uiStatsView](t, h, "/lm-warden/ui/ui-live%2Fmodel/stats.json?replica="+url.QueryEscape(replica))
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("replica %q: status %d", replica, resp.StatusCode)
+		}
+		if wantEnd := ser.Start.Add(3599 * time.Second); !v.End.Equal(wantEnd) || v.StepS != 10 || len(v.Cached) != 359 {
+			t.Fatalf("replica %q: end %v (want %v), step %v, %d points", replica, v.End, wantEnd, v.StepS, len(v.Cached))
+		}
+		var c, p uint64
+		for i := range v.Cached {
+			var wc, wp, wg uint64
+			for j := 9 + i*10; j < 19+i*10; j++ {
+				wc += sum.Cached[j]
+				wp += sum.Computed[j]
+				wg += sum.Generated[j]
+			}
+			c, p = c+wc, p+wp
+			if v.Cached[i] != uiRound1(float64(wc)/10) || v.Computed[i] != uiRound1(float64(wp)/10) || v.Generated[i] != uiRound1(float64(wg)/10) {
+				t.Fatalf("replica %q point %d: %v/%v/%v, want sums %d/%d/%d over 10 s", replica, i,
+					v.Cached[i], v.Computed[i], v.Generated[i], wc, wp, wg)
+			}
+		}
+		wantShare := ser.HourCachedShare
+		if replica != "" {
+			wantShare = float64(c) / float64(c+p)
+		}
+		if v.Share.V.(float64) != wantShare || !slices.Equal(v.Replicas, []string{"127.0.0.1:8001", "127.0.0.1:8002", "127.0.0.1:8003", "127.0.0.1:8004"}) {
+			t.Errorf("replica %q: share %v, want %v; replicas %v", replica, v.Share.V, wantShare, v.Replicas)
+		}
+	}
+
+	for _, tc := range []struct{ path, msg string }{
+		{"/lm-warden/ui/ui-live%2Fmodel/stats.json?replica=nope", "no such replica"},
+		{"/lm-warden/ui/not-loaded/view.json", "unknown model"},
+		{"/lm-warden/ui/not-loaded/stats.json", "unknown model"},
+	} {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, tc.path, nil))
+		if rec.Code != http.StatusNotFound || !strings.Contains(rec.Body.String(), tc.msg) {
+			t.Errorf("%s: status %d, body %s", tc.path, rec.Code, rec.Body.String())
+		}
+	}
+}
+
+// TestUIAssetRanges checks what net/http's ServeContent answers for the
+// assets: byte ranges (never compressed), HEAD, and a weak ETag shared by
+// the plain and gzipped bodies.
+func TestUIAssetRanges(t *testing.T) {
+	now := time.Now()
+	f := newUIFixture(now)
+	s := newTestUIServer(t, f, now)
+	h := uiTestMux(s, f)
+	a := s.bundle.assets["app.js"]
+
+	part := uiGet(t, h, "/lm-warden/ui/-/app.js", "Range", "bytes=0-9", "Accept-Encoding", "gzip")
+	body := uiReadAll(t, part)
+	if part.StatusCode != http.StatusPartialContent || body != string(a.body[:10]) || part.Header.Get("Content-Encoding") != "" ||
+		part.Header.Get("Content-Range") != fmt.Sprintf("bytes 0-9/%d", len(a.body)) {
+		t.Errorf("range: status %d, encoding %q, range %q, body %q", part.StatusCode,
+			part.Header.Get("Content-Encoding"), part.Header.Get("Content-Range"), body)
+	}
+
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodHead, "/lm-warden/ui/-/app.css", nil))
+	if rec.Code != http.StatusOK || rec.Body.Len() != 0 || rec.Header().Get("Content-Security-Policy") != uiCSP {
+		t.Errorf("HEAD: status %d, %d body bytes, CSP %q", rec.Code, rec.Body.Len(), rec.Header().Get("Content-Security-Policy"))
+	}
+
+	plain := uiGet(t, h, "/lm-warden/ui/-/app.js")
+	gz := uiGet(t, h, "/lm-warden/ui/-/app.js", "Accept-Encoding", "gzip")
+	if et := plain.Header.Get("ETag"); et != `W/"`+a.hash+`"` || gz.Header.Get("ETag") != et || plain.Header.Get("Content-Encoding") != "" {
+		t.Errorf("ETags plain %q gzip %q", et, gz.Header.Get("ETag"))
+	}
+	if again := uiGet(t, h, "/lm-warden/ui/-/app.js", "If-None-Match", plain.Header.Get("ETag")); again.StatusCode != http.StatusNotModified {
+		t.Errorf("plain revalidation status %d", again.StatusCode)
+	}
 }

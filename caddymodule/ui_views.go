@@ -1,0 +1,268 @@
+package caddymodule
+
+import (
+	"fmt"
+	"math"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/dustin/go-humanize"
+)
+
+// The view documents: what the page renders, built in Go from the admin
+// documents (ui_source.go). The browser never formats a number: every value
+// is carried twice, raw ("v") and humanised with go-humanize ("t").
+
+// uiVal is one displayed value: V is the raw value from the admin JSON, T
+// the text the page shows.
+type uiVal struct {
+	V any    `json:"v"`
+	T string `json:"t"`
+}
+
+type uiModelsView struct {
+	Models []uiModelRow `json:"models"`
+}
+
+type uiModelRow struct {
+	Model string           `json:"model"`
+	Href  string           `json:"href"` // relative to /lm-warden/ui/
+	Cells map[string]uiVal `json:"cells"`
+}
+
+type uiCardView struct {
+	Model    string           `json:"model"`
+	Writable bool             `json:"writable"`
+	Head     map[string]uiVal `json:"head"`
+	Since    uiVal            `json:"since"`
+	Replicas []uiReplicaRow   `json:"replicas"`
+}
+
+type uiReplicaRow struct {
+	ID    string           `json:"id"`
+	OK    bool             `json:"ok"`
+	Cells map[string]uiVal `json:"cells"`
+}
+
+type uiStatsView struct {
+	Model     string           `json:"model"`
+	Replica   string           `json:"replica"` // "" = all replicas
+	Replicas  []string         `json:"replicas"`
+	End       time.Time        `json:"end"`
+	StepS     float64          `json:"step_s"`   // seconds per point
+	Cached    []float64        `json:"cached"`   // prompt tokens/s read from the prefix cache
+	Computed  []float64        `json:"computed"` // prompt tokens/s computed
+	Generated []float64        `json:"generated"`
+	PromptMax uiVal            `json:"prompt_max"` // y-axis top of the prompt chart
+	GenMax    uiVal            `json:"gen_max"`
+	Share     uiVal            `json:"share"` // the hour's cached share of prompt tokens
+	Totals    map[string]uiVal `json:"totals"`
+	HasData   bool             `json:"has_data"`
+}
+
+// uiCount renders a counter with thousands separators: 1,234,567.
+func uiCount[T int | uint64](n T) uiVal {
+	return uiVal{V: n, T: humanize.Comma(int64(n))}
+}
+
+// uiPct renders a 0–1 fraction as a percentage with one decimal, kept even
+// when it is zero so a column of them lines up: 84.0%, 83.7%.
+func uiPct(f float64) uiVal {
+	return uiVal{V: f, T: humanize.FormatFloat("#,###.#", f*100) + "%"}
+}
+
+// uiUnknown is shown for a figure the engine did not export.
+const uiUnknown = "unknown"
+
+// uiOptPct renders a fraction as a percentage, or unknown (value null) when nil.
+func uiOptPct(f *float64) uiVal {
+	if f == nil {
+		return uiVal{V: nil, T: uiUnknown}
+	}
+	return uiPct(*f)
+}
+
+// uiOptCount renders a count with thousands separators, or unknown when nil.
+func uiOptCount(n *int) string {
+	if n == nil {
+		return uiUnknown
+	}
+	return humanize.Comma(int64(*n))
+}
+
+// uiTokenCount renders a token count with an SI prefix: 1.2 k, 3.4 M.
+func uiTokenCount(n uint64) uiVal {
+	if n < 10000 {
+		return uiVal{V: n, T: humanize.Comma(int64(n))}
+	}
+	return uiVal{V: n, T: humanize.SIWithDigits(float64(n), 1, "")}
+}
+
+// uiRate renders tokens per second with an SI prefix: 1.2 ktok/s.
+func uiRate(f float64) uiVal {
+	return uiVal{V: f, T: humanize.SIWithDigits(f, 1, "tok/s")}
+}
+
+func buildModelsView(doc ModelList) uiModelsView {
+	v := uiModelsView{Models: make([]uiModelRow, 0, len(doc.Models))}
+	for _, m := range doc.Models {
+		v.Models = append(v.Models, uiModelRow{
+			Model: m.Model,
+			Href:  url.PathEscape(m.Model),
+			Cells: map[string]uiVal{
+				"affinity":  uiOnOff(m.Affinity),
+				"spill":     uiSpill(m.SpillThreshold, m.SpillAuto),
+				"sticky":    uiVal{V: m.StickyPct, T: humanize.FtoaWithDigits(m.StickyPct, 1) + "%"},
+				"in_flight": uiCount(m.InFlight),
+				"replicas":  {V: m.Replicas, T: fmt.Sprintf("%d of %d reachable", m.Reachable, m.Replicas)},
+				"bindings":  uiCount(m.Bindings),
+				"share":     uiPct(m.HourCachedShare),
+			},
+		})
+	}
+	return v
+}
+
+func uiOnOff(on bool) uiVal {
+	if on {
+		return uiVal{V: true, T: "on"}
+	}
+	return uiVal{V: false, T: "off"}
+}
+
+func uiSpill(n int, auto bool) uiVal {
+	t := humanize.Comma(int64(n))
+	if auto {
+		t += " (auto)"
+	}
+	return uiVal{V: n, T: t}
+}
+
+func buildCardView(doc Card, now time.Time) uiCardView {
+	v := uiCardView{
+		Model:    doc.Model,
+		Writable: doc.Writable,
+		Head: map[string]uiVal{
+			"affinity":     uiOnOff(doc.Affinity),
+			"spill":        uiSpill(doc.SpillThreshold, doc.SpillAuto),
+			"sticky":       {V: doc.StickyPct, T: humanize.FtoaWithDigits(doc.StickyPct, 1) + "%"},
+			"in_flight":    uiCount(doc.InFlight),
+			"requests":     uiCount(doc.Requests),
+			"keyed":        uiCount(doc.KeyedRequests),
+			"bindings":     uiCount(doc.Bindings),
+			"max_num_seqs": uiCount(doc.MaxNumSeqs),
+		},
+		Since: uiVal{V: doc.Since, T: "counters since " + doc.Since.UTC().Format("2006-01-02 15:04:05 UTC") +
+			" (" + humanize.RelTime(doc.Since, now, "ago", "from now") + ")"},
+		Replicas: make([]uiReplicaRow, 0, len(doc.Replicas)),
+	}
+	for _, r := range doc.Replicas {
+		state := uiVal{V: "reachable", T: "reachable"}
+		ok := r.Reachable && r.Available
+		switch {
+		case !r.Reachable:
+			msg := r.LastError
+			if msg == "" {
+				msg = "unreachable"
+			}
+			if r.LastSeen != nil {
+				msg += " · last seen " + humanize.RelTime(*r.LastSeen, now, "ago", "from now")
+			}
+			state = uiVal{V: "unreachable", T: msg}
+		case !r.Available && len(r.Out) == 0:
+			state = uiVal{V: "unavailable", T: "reachable, marked unavailable by the proxy"}
+		case !r.Available:
+			state = uiVal{V: "unavailable", T: "reachable, out: " + strings.Join(r.Out, ", ")}
+		}
+		if !r.Reachable && len(r.Out) > 0 {
+			state.T += " · out: " + strings.Join(r.Out, ", ")
+		}
+		v.Replicas = append(v.Replicas, uiReplicaRow{
+			ID: r.ID,
+			OK: ok,
+			Cells: map[string]uiVal{
+				"held":           uiCount(r.Held),
+				"sticky":         uiCount(r.Sticky),
+				"spill_accepted": uiCount(r.SpillAccepted),
+				"client_pinned":  uiCount(r.ClientPinned),
+				"run_wait":       {V: []*int{r.Running, r.Waiting}, T: uiOptCount(r.Running) + " / " + uiOptCount(r.Waiting)},
+				"kv":             uiOptPct(r.KVUsage),
+				"hit":            uiOptPct(r.PrefixHitRate),
+				"bindings":       {V: r.Bindings, T: humanize.Comma(int64(r.Bindings)) + " (" + humanize.Comma(int64(r.Active)) + " active)"},
+				"state":          state,
+			},
+		})
+	}
+	return v
+}
+
+// uiChartPoints is how many points the chart draws for the hour.
+const uiChartPoints = 360
+
+// buildStatsView turns a chart's steps into tokens/s. The share is the
+// model's hour share for all replicas (the figure of the models list), the
+// share over the chart's steps for one replica.
+func buildStatsView(model, replica string, ch uiChart) uiStatsView {
+	points := min(len(ch.Cached), len(ch.Computed), len(ch.Generated))
+	secs := ch.Step.Seconds()
+	if secs <= 0 {
+		secs = 1
+	}
+	v := uiStatsView{
+		Model:     model,
+		Replica:   replica,
+		Replicas:  ch.Replicas,
+		End:       ch.End.UTC(),
+		StepS:     secs,
+		Cached:    make([]float64, points),
+		Computed:  make([]float64, points),
+		Generated: make([]float64, points),
+	}
+	if v.Replicas == nil {
+		v.Replicas = []string{}
+	}
+	var promptMax, genMax float64
+	var tot TokenCount
+	for i := range points {
+		c, p, g := ch.Cached[i], ch.Computed[i], ch.Generated[i]
+		tot.Cached += c
+		tot.Computed += p
+		tot.Generated += g
+		v.Cached[i] = uiRound1(float64(c) / secs)
+		v.Computed[i] = uiRound1(float64(p) / secs)
+		v.Generated[i] = uiRound1(float64(g) / secs)
+		promptMax = math.Max(promptMax, v.Cached[i]+v.Computed[i])
+		genMax = math.Max(genMax, v.Generated[i])
+	}
+	share := ch.HourCachedShare
+	if replica != "" {
+		share = ch.CachedShare
+	}
+	v.Share = uiPct(share)
+	v.PromptMax = uiRate(uiNiceCeil(promptMax))
+	v.GenMax = uiRate(uiNiceCeil(genMax))
+	v.HasData = promptMax > 0 || genMax > 0
+	v.Totals = map[string]uiVal{
+		"cached":    uiTokenCount(tot.Cached),
+		"computed":  uiTokenCount(tot.Computed),
+		"generated": uiTokenCount(tot.Generated),
+	}
+	return v
+}
+
+func uiRound1(f float64) float64 { return math.Round(f*10) / 10 }
+
+// uiNiceCeil rounds f up to 1, 2 or 5 times a power of ten (at least 1).
+func uiNiceCeil(f float64) float64 {
+	if f <= 1 {
+		return 1
+	}
+	p := math.Pow(10, math.Floor(math.Log10(f)))
+	for _, m := range []float64{1, 2, 5, 10} {
+		if f <= m*p {
+			return m * p
+		}
+	}
+	return 10 * p
+}

@@ -20,9 +20,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/lmwarden/caddy-lmwarden/emulator"
 	"github.com/lmwarden/caddy-lmwarden/tools/bench"
 	"github.com/lmwarden/caddy-lmwarden/tools/bench/demo"
-	"github.com/lmwarden/caddy-lmwarden/emulator"
 )
 
 func main() {

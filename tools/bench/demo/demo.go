@@ -20,9 +20,9 @@ import (
 	_ "github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile" // the http server type
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 
-	"github.com/lmwarden/caddy-lmwarden/tools/bench"
 	_ "github.com/lmwarden/caddy-lmwarden/caddymodule"
 	"github.com/lmwarden/caddy-lmwarden/emulator"
+	"github.com/lmwarden/caddy-lmwarden/tools/bench"
 )
 
 // Config is the self-contained demo: emulated replicas and Caddy with

@@ -6,6 +6,7 @@ import (
 	"embed"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"html/template"
 	"io/fs"
@@ -42,7 +43,8 @@ import (
 // The page is three files of package caddymodule (ui_server.go, ui_views.go,
 // ui_source.go) rather than a package of its own because what it renders are
 // admin.go's document types (Card, ModelList); it reaches the running models
-// only through uiSource, which the tests fill with fixed documents.
+// only through PageSource. NewPage serves the same page over any PageSource
+// (the pagetest package's fixed documents, or a program embedding the page).
 //
 // Caddy's admin endpoint rejects browser requests whose Origin (or Referer)
 // is not an allowed origin, and every no-cors request: the shell therefore
@@ -128,8 +130,13 @@ func loadUIBundle(files fs.FS) (*uiBundle, error) {
 	return b, nil
 }
 
-// uiRefresh is how often the page polls its view documents.
-var uiRefresh = 2 * time.Second
+// PageRefresh is how often the page polls its view documents, on the admin
+// endpoint and in a NewPage handler built without a refresh of its own. It is
+// a variable rather than a Caddyfile setting because it is the browser's
+// pace, not part of routing, and the admin endpoint's page belongs to no one
+// site's configuration. A test or a program embedding Caddy may change it
+// before Caddy starts serving; it is read without a lock.
+var PageRefresh = 2 * time.Second
 
 // uiShellData fills web/index.html.
 type uiShellData struct {
@@ -145,9 +152,9 @@ type uiShellData struct {
 // uiServer serves the page from src; now is the clock of the views.
 type uiServer struct {
 	bundle  *uiBundle
-	src     uiSource
+	src     PageSource
 	now     func() time.Time
-	refresh time.Duration // 0 → uiRefresh
+	refresh time.Duration // 0 → PageRefresh
 }
 
 // uiPrefix and uiRoot are the two paths the page is served under.
@@ -227,10 +234,11 @@ func uiNotFound(path string) error {
 }
 
 func (s *uiServer) serveShell(w http.ResponseWriter, r *http.Request, d uiShellData) error {
-	d.Refresh = uiRefresh.Milliseconds()
-	if s.refresh > 0 {
-		d.Refresh = s.refresh.Milliseconds()
+	refresh := s.refresh
+	if refresh <= 0 {
+		refresh = PageRefresh
 	}
+	d.Refresh = refresh.Milliseconds()
 	d.JSVer = s.bundle.assets["app.js"].hash
 	d.CSSVer = s.bundle.assets["app.css"].hash
 	var buf bytes.Buffer
@@ -272,26 +280,65 @@ func writeUIJSON(w http.ResponseWriter, v any) error {
 	return err
 }
 
+// uiEmbedded is the bundle of the embedded files, parsed on first use.
+var uiEmbedded = sync.OnceValues(func() (*uiBundle, error) { return loadUIBundle(uiFiles) })
+
 // uiDefault is the page server the admin routes use, built on first use.
-var uiDefault = struct {
-	once sync.Once
-	srv  *uiServer
-	err  error
-}{}
+var uiDefault = sync.OnceValues(func() (*uiServer, error) {
+	b, err := uiEmbedded()
+	if err != nil {
+		return nil, caddy.APIError{HTTPStatus: http.StatusInternalServerError, Err: err}
+	}
+	return &uiServer{bundle: b, src: liveSource{}, now: time.Now}, nil
+})
 
 // serveUI serves GET /lm-warden/ and /lm-warden/ui/… on Caddy's admin
 // endpoint from the live models.
 func serveUI(w http.ResponseWriter, r *http.Request) error {
-	uiDefault.once.Do(func() {
-		b, err := loadUIBundle(uiFiles)
-		if err != nil {
-			uiDefault.err = err
-			return
-		}
-		uiDefault.srv = &uiServer{bundle: b, src: liveSource{}, now: time.Now}
-	})
-	if uiDefault.err != nil {
-		return caddy.APIError{HTTPStatus: http.StatusInternalServerError, Err: uiDefault.err}
+	s, err := uiDefault()
+	if err != nil {
+		return err
 	}
-	return uiDefault.srv.ServeHTTP(w, r)
+	return s.ServeHTTP(w, r)
+}
+
+// NewPage returns the routing card and models page over src, under the
+// same paths as on Caddy's admin endpoint (/lm-warden/ and /lm-warden/ui/…),
+// for tests and for programs that embed the page next to their own copy of
+// the admin JSON API (the page's actions write to /lm-warden/models/…,
+// which NewPage does not serve). refresh is how often the page polls; 0
+// means PageRefresh. Errors are rendered as the admin endpoint renders a
+// caddy.APIError: its status and {"error": "..."}.
+func NewPage(src PageSource, refresh time.Duration) http.Handler {
+	b, err := uiEmbedded()
+	if err != nil {
+		return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			writeAdminError(w, caddy.APIError{HTTPStatus: http.StatusInternalServerError, Err: err})
+		})
+	}
+	return uiHandler{&uiServer{bundle: b, src: src, now: time.Now, refresh: refresh}}
+}
+
+// uiHandler is a uiServer as an http.Handler, writing its errors.
+type uiHandler struct{ s *uiServer }
+
+func (h uiHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if err := h.s.ServeHTTP(w, r); err != nil {
+		writeAdminError(w, err)
+	}
+}
+
+// writeAdminError renders err the way Caddy's admin endpoint does: the status
+// of a caddy.APIError (500 for any other error) and the error as JSON.
+func writeAdminError(w http.ResponseWriter, err error) {
+	var apiErr caddy.APIError
+	if !errors.As(err, &apiErr) {
+		apiErr = caddy.APIError{HTTPStatus: http.StatusInternalServerError, Err: err}
+	}
+	if apiErr.Message == "" && apiErr.Err != nil {
+		apiErr.Message = apiErr.Err.Error()
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(apiErr.HTTPStatus)
+	_ = json.NewEncoder(w).Encode(apiErr)
 }

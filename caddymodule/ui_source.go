@@ -15,25 +15,28 @@ import (
 //
 // The page (ui_server.go) renders the same documents the admin JSON API
 // writes (ModelList, Card in admin.go) and the accountant's chart, read as
-// Go values through uiSource: no request to the admin endpoint, no JSON
+// Go values through PageSource: no request to the admin endpoint, no JSON
 // in between. liveSource reads the models the loaded configuration holds;
-// the tests put fixed documents behind the same interface.
+// NewPage serves the same page over any other source (the pagetest
+// package's fixed documents, or a program embedding the page).
 
-// uiSource is what the page reads. Errors are caddy.APIError values with the
-// admin API's status (404 for an unknown model or replica).
-type uiSource interface {
+// PageSource is what the routing card page reads: the admin API's documents
+// as Go values. Errors are caddy.APIError values with the admin API's status
+// (404 for an unknown model or replica); NewPage renders them as the admin
+// endpoint does.
+type PageSource interface {
 	// Models is GET /lm-warden/models.
 	Models(now time.Time) ModelList
 	// Card is GET /lm-warden/models/{model}.
 	Card(model string, now time.Time) (Card, error)
 	// Chart is the hour before now of one replica ("" = all) in at most
 	// points steps.
-	Chart(model string, now time.Time, points int, replica string) (uiChart, error)
+	Chart(model string, now time.Time, points int, replica string) (PageChart, error)
 }
 
-// uiChart is the chart of a model or one of its replicas, with what the
+// PageChart is the chart of a model or one of its replicas, with what the
 // page shows beside it.
-type uiChart struct {
+type PageChart struct {
 	vllmstats.Chart
 	// Replicas are the replicas with recorded usage, sorted: the chart's
 	// choices.
@@ -59,17 +62,17 @@ func (liveSource) Card(model string, now time.Time) (Card, error) {
 	return buildCard(m, now), nil
 }
 
-func (liveSource) Chart(model string, now time.Time, points int, replica string) (uiChart, error) {
+func (liveSource) Chart(model string, now time.Time, points int, replica string) (PageChart, error) {
 	m, ok := lookupModel(model)
 	if !ok {
-		return uiChart{}, errUnknownModel(model)
+		return PageChart{}, errUnknownModel(model)
 	}
 	c, ok := m.acct.Chart(now, points, replica)
 	if !ok {
-		return uiChart{}, caddy.APIError{HTTPStatus: http.StatusNotFound,
+		return PageChart{}, caddy.APIError{HTTPStatus: http.StatusNotFound,
 			Err: fmt.Errorf("%w %q in model %q", errUIUnknownReplica, replica, model)}
 	}
-	ch := uiChart{Chart: c, Replicas: m.acct.Replicas()}
+	ch := PageChart{Chart: c, Replicas: m.acct.Replicas()}
 	if replica == "" {
 		ch.HourCachedShare = m.acct.HourCachedShare(now)
 	}

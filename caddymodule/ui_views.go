@@ -203,7 +203,7 @@ const uiChartPoints = 360
 // buildStatsView turns a chart's steps into tokens/s. The share is the
 // model's hour share for all replicas (the figure of the models list), the
 // share over the chart's steps for one replica.
-func buildStatsView(model, replica string, ch uiChart) uiStatsView {
+func buildStatsView(model, replica string, ch PageChart) uiStatsView {
 	points := min(len(ch.Cached), len(ch.Computed), len(ch.Generated))
 	secs := ch.Step.Seconds()
 	if secs <= 0 {

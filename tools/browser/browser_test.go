@@ -1,4 +1,4 @@
-package caddymodule
+package browser
 
 import (
 	"bytes"
@@ -31,6 +31,8 @@ import (
 	"github.com/dustin/go-humanize"
 	"golang.org/x/crypto/bcrypt"
 
+	"github.com/lmwarden/caddy-lmwarden/caddymodule"
+	"github.com/lmwarden/caddy-lmwarden/caddymodule/pagetest"
 	"github.com/lmwarden/caddy-lmwarden/emulator"
 )
 
@@ -154,7 +156,7 @@ func browserWaitRenders(t *testing.T, ctx context.Context, n int) {
 
 // browserExpectCard checks that the DOM shows exactly the admin card: raw values
 // in data-v and the humanised text.
-func browserExpectCard(t *testing.T, got browserCard, want Card) {
+func browserExpectCard(t *testing.T, got browserCard, want caddymodule.Card) {
 	t.Helper()
 	fnum := func(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }
 	pctText := func(f float64) string { return humanize.FormatFloat("#,###.#", f*100) + "%" }
@@ -313,13 +315,8 @@ func browserScreenshot(t *testing.T, ctx context.Context, name string) string {
 func TestBrowserPageFixture(t *testing.T) {
 	ctx := newBrowserTab(t, 60*time.Second)
 	now := time.Now()
-	f := newUIFixture(now)
-	b, err := loadUIBundle(uiFiles)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &uiServer{bundle: b, src: f, now: time.Now, refresh: browserRefresh}
-	ts := httptest.NewServer(uiTestMux(s, f))
+	f := pagetest.New(now)
+	ts := httptest.NewServer(f.Handler(caddymodule.NewPage(f, browserRefresh)))
 	t.Cleanup(ts.Close)
 
 	// The models list links to the card.
@@ -337,24 +334,20 @@ func TestBrowserPageFixture(t *testing.T) {
 	}
 	browserFollow(t, ctx, `#models a`, "/lm-warden/ui/qwen3-4b")
 	browserWaitRenders(t, ctx, 1)
-	browserExpectCard(t, browserReadCard(t, ctx), f.card)
+	browserExpectCard(t, browserReadCard(t, ctx), browserFixtureCard(t, f))
 
 	// The affinity toggle writes through the admin JSON and the card follows.
 	if err := chromedp.Do(ctx, chromedp.Click(chromedp.ID("toggle-affinity"))); err != nil {
 		t.Fatal(err)
 	}
 	browserWaitRenders(t, ctx, 2)
-	f.mu.Lock()
-	aff := f.card.Affinity
-	f.mu.Unlock()
+	aff := browserFixtureCard(t, f).Affinity
 	if got := browserReadCard(t, ctx); aff || got.Head["affinity"].T != "off" {
 		t.Errorf("after the toggle: admin affinity %v, page %q", aff, got.Head["affinity"].T)
 	}
 
 	// Read-only admin: no actions.
-	f.mu.Lock()
-	f.card.Writable = false
-	f.mu.Unlock()
+	f.Edit(func(c *caddymodule.Card) { c.Writable = false })
 	browserWaitRenders(t, ctx, 1)
 	if browserReadCard(t, ctx).Actions {
 		t.Error("actions shown while the admin API is read-only")
@@ -365,11 +358,13 @@ func TestBrowserPageFixture(t *testing.T) {
 		chromedp.Evaluate[chromedp.Void](`document.getElementById("replica-pick").dispatchEvent(new Event("change"))`)); err != nil {
 		t.Fatal(err)
 	}
-	oneChart, err := f.Chart("qwen3-4b", time.Now(), uiChartPoints, "127.0.0.1:8001")
-	if err != nil {
-		t.Fatal(err)
+	// The share the page's view document gives for the replica.
+	var one struct {
+		Share struct {
+			T string `json:"t"`
+		} `json:"share"`
 	}
-	one := buildStatsView("qwen3-4b", "127.0.0.1:8001", oneChart)
+	browserGetAdmin(t, ts.URL+"/lm-warden/ui/qwen3-4b/stats.json?replica=127.0.0.1:8001", &one)
 	if _, err := chromedp.Run(ctx, chromedp.Poll[bool](fmt.Sprintf(`document.getElementById("share").textContent === %q`, one.Share.T),
 		chromedp.WithPollingTimeout(10*time.Second))); err != nil {
 		t.Errorf("per-replica share %q never shown: %v", one.Share.T, err)
@@ -403,6 +398,33 @@ func browserFollow(t *testing.T, ctx context.Context, sel, path string) {
 	if resp == nil || resp.Status != http.StatusOK || !strings.HasSuffix(resp.URL, path) {
 		t.Fatalf("following %s: %+v", sel, resp)
 	}
+}
+
+// browserFixtureCard is the fixture's card as the admin API would give it now.
+func browserFixtureCard(t *testing.T, f *pagetest.Fixture) caddymodule.Card {
+	t.Helper()
+	c, err := f.Card(pagetest.Model, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// browserLoadCaddyfile adapts caddyfile and runs it in this process until
+// the test ends.
+func browserLoadCaddyfile(t *testing.T, caddyfile string) {
+	t.Helper()
+	cfgJSON, warnings, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), map[string]any{"filename": "Caddyfile"})
+	if err != nil {
+		t.Fatalf("adapting Caddyfile: %v\n%s", err, caddyfile)
+	}
+	for _, w := range warnings {
+		t.Logf("Caddyfile: %s", w.String())
+	}
+	if err := caddy.Load(cfgJSON, true); err != nil {
+		t.Fatalf("loading Caddy: %v", err)
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
 }
 
 // browserFreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
@@ -472,9 +494,9 @@ func browserGetAdmin(t *testing.T, url string, into any) {
 // browserStableCard reads the admin card until two reads a poll interval apart
 // agree on every number the page shows: the traffic has stopped and the
 // poller has caught up.
-func browserStableCard(t *testing.T, url string, settle time.Duration) Card {
+func browserStableCard(t *testing.T, url string, settle time.Duration) caddymodule.Card {
 	t.Helper()
-	key := func(c Card) string {
+	key := func(c caddymodule.Card) string {
 		c.Since = time.Time{}
 		c.Replicas = slices.Clone(c.Replicas)
 		for i := range c.Replicas {
@@ -483,12 +505,12 @@ func browserStableCard(t *testing.T, url string, settle time.Duration) Card {
 		b, _ := json.Marshal(c)
 		return string(b)
 	}
-	var prev Card
+	var prev caddymodule.Card
 	browserGetAdmin(t, url, &prev)
 	deadline := time.Now().Add(settle)
 	for time.Now().Before(deadline) {
 		time.Sleep(700 * time.Millisecond)
-		var cur Card
+		var cur caddymodule.Card
 		browserGetAdmin(t, url, &cur)
 		idle := cur.InFlight == 0
 		for _, r := range cur.Replicas {
@@ -522,8 +544,10 @@ func browserTraffic(t *testing.T) time.Duration {
 // emulated replicas, drives conversations through it, freezes the traffic
 // and checks in chromium that the page shows what the admin JSON says.
 func TestBrowserRoutingCard(t *testing.T) {
-	defer func(r time.Duration) { uiRefresh = r }(uiRefresh)
-	uiRefresh = browserRefresh
+	// Restored after Caddy has stopped (cleanups run last-in first-out).
+	refresh := caddymodule.PageRefresh
+	t.Cleanup(func() { caddymodule.PageRefresh = refresh })
+	caddymodule.PageRefresh = browserRefresh
 	long := browserTraffic(t)
 	ctx := newBrowserTab(t, 150*time.Second+long)
 
@@ -579,17 +603,7 @@ http://127.0.0.1:%[5]d {
 	respond 404
 }
 `, adminPort, httpPort, t.TempDir(), strings.Join(upstreams, " "), authPort, hash)
-	cfgJSON, warnings, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), map[string]any{"filename": "Caddyfile"})
-	if err != nil {
-		t.Fatalf("adapting Caddyfile: %v\n%s", err, caddyfile)
-	}
-	for _, w := range warnings {
-		t.Logf("Caddyfile: %s", w.String())
-	}
-	if err := caddy.Load(cfgJSON, true); err != nil {
-		t.Fatalf("loading Caddy: %v", err)
-	}
-	t.Cleanup(func() { _ = caddy.Stop() })
+	browserLoadCaddyfile(t, caddyfile)
 	admin := fmt.Sprintf("http://127.0.0.1:%d", adminPort)
 	site := fmt.Sprintf("http://127.0.0.1:%d", httpPort)
 
@@ -668,7 +682,7 @@ http://127.0.0.1:%[5]d {
 	}
 
 	// The numbers equal the admin JSON read at the same moment.
-	var before, after Card
+	var before, after caddymodule.Card
 	browserGetAdmin(t, cardURL, &before)
 	browserWaitRenders(t, ctx, 1)
 	got := browserReadCard(t, ctx)
@@ -682,7 +696,7 @@ http://127.0.0.1:%[5]d {
 	}
 
 	// The chart has data, and the headline is the admin's hour share.
-	var stats Stats
+	var stats caddymodule.Stats
 	browserGetAdmin(t, cardURL+"/stats", &stats)
 	if got.ChartEmpty || got.ChartPath < 100 || got.GenPath < 100 || got.Points == "" || got.Points == "0" {
 		t.Errorf("chart has no data: path %d/%d chars, %s points, empty=%v", got.ChartPath, got.GenPath, got.Points, got.ChartEmpty)
@@ -691,7 +705,7 @@ http://127.0.0.1:%[5]d {
 		t.Errorf("cached share shows %q, admin JSON %q", got.Share.T, wantShare)
 	}
 	if stats.HourCachedShare <= 0 {
-		t.Errorf("no cached uiTokenCount in the hour after repeated turns: %+v", stats.Totals)
+		t.Errorf("no cached tokens in the hour after repeated turns: %+v", stats.Totals)
 	}
 	for _, doc := range []string{"/lm-warden/ui/qwen3-4b/view.json", "/lm-warden/ui/qwen3-4b/stats.json"} {
 		req, _ := http.NewRequest(http.MethodGet, admin+doc, nil)
@@ -742,7 +756,7 @@ http://127.0.0.1:%[5]d {
 		msg, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`document.getElementById("action-msg").textContent`))
 		t.Fatalf("affinity toggle: %v (%s)", err, msg)
 	}
-	var offCard Card
+	var offCard caddymodule.Card
 	browserGetAdmin(t, cardURL, &offCard)
 	if offCard.Affinity {
 		t.Error("admin JSON still says affinity on after the toggle")
@@ -756,7 +770,7 @@ http://127.0.0.1:%[5]d {
 		msg, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`document.getElementById("action-msg").textContent`))
 		t.Fatalf("unpin: %v (%s)", err, msg)
 	}
-	var unpinned Card
+	var unpinned caddymodule.Card
 	browserGetAdmin(t, cardURL, &unpinned)
 	if unpinned.Bindings != offCard.Bindings-1 {
 		t.Errorf("bindings %d after unpinning, %d before", unpinned.Bindings, offCard.Bindings)
@@ -795,7 +809,7 @@ http://127.0.0.1:%[5]d {
 		t.Fatalf("the card behind auth: %v %+v", err, resp)
 	}
 	browserWaitRenders(t, ctx, 2)
-	var authCard Card
+	var authCard caddymodule.Card
 	browserGetAdmin(t, cardURL, &authCard)
 	browserExpectCard(t, browserReadCard(t, ctx), authCard)
 	if err := chromedp.Do(ctx, chromedp.Click(chromedp.ID("toggle-affinity"))); err != nil {

@@ -339,7 +339,7 @@ type pick struct {
 }
 
 // numReasons bounds placement.Reason values.
-const numReasons = int(placement.ReasonClientPinned) + 1
+const numReasons = placement.NumReasons
 
 // reasonVars are the reasons' names, boxed once for the request variables.
 var reasonVars = func() (out [numReasons]any) {

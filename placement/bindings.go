@@ -4,7 +4,7 @@ const nilIdx int32 = -1
 
 const flagActive uint32 = 1
 
-// entry is one binding: 40 bytes. Links are indices into bindings.ents, so
+// entry is one binding: 56 bytes. Links are indices into bindings.ents, so
 // the garbage collector has no pointers to trace. The global list (gprev,
 // gnext) orders every binding by last use for TTL expiry and LRU eviction;
 // the replica list (rprev, rnext) orders a replica's bindings the same way
@@ -16,6 +16,8 @@ type entry struct {
 	rprev, rnext int32
 	rep          int32
 	flags        uint32
+	start        uint64 // fingerprint of the conversation's start; 0 = unknown
+	prompt       uint32 // prompt tokens of its last finished turn; 0 = none yet
 }
 
 type bindings struct {
@@ -47,20 +49,25 @@ func (r *Router) lookup(h uint64, now int64) int32 {
 
 // bind binds h to p, creating or moving the entry, and returns the replica
 // a live binding pointed to before when that was another one.
-func (r *Router) bind(h uint64, p *replica, now int64) (previous string) {
+func (r *Router) bind(h uint64, p *replica, now int64, start uint64) (previous string) {
 	if e := r.lookup(h, now); e != nilIdx {
-		if q := r.reps[r.b.ents[e].rep]; q != p {
+		en := &r.b.ents[e]
+		if q := r.reps[en.rep]; q != p {
 			previous = q.id
 		}
+		if start != 0 && en.start != start {
+			en.start, en.prompt = start, 0
+		}
+		en.flags &^= flagCold
 		r.rebind(e, p, now)
 		return previous
 	}
-	r.insert(h, p, now)
+	r.insert(h, p, now, start)
 	return ""
 }
 
 // insert adds a new binding, evicting the least recently used at MaxBindings.
-func (r *Router) insert(h uint64, p *replica, now int64) {
+func (r *Router) insert(h uint64, p *replica, now int64, start uint64) {
 	for r.b.n >= r.cfg.MaxBindings && r.b.gtail != nilIdx {
 		r.removeEntry(r.b.gtail)
 		r.evicted++
@@ -73,7 +80,7 @@ func (r *Router) insert(h uint64, p *replica, now int64) {
 		e = int32(len(r.b.ents))
 		r.b.ents = append(r.b.ents, entry{})
 	}
-	r.b.ents[e] = entry{hash: h, last: now, rep: p.idx, gprev: nilIdx, gnext: nilIdx, rprev: nilIdx, rnext: nilIdx}
+	r.b.ents[e] = entry{hash: h, last: now, rep: p.idx, gprev: nilIdx, gnext: nilIdx, rprev: nilIdx, rnext: nilIdx, start: start}
 	r.b.idx[h] = e
 	r.b.n++
 	r.gpushFront(e)
@@ -106,7 +113,7 @@ func (r *Router) rebind(e int32, p *replica, now int64) {
 	r.runlink(r.reps[en.rep], e)
 	en.rep = p.idx
 	en.last = now
-	en.flags &^= flagReplace
+	en.flags &^= flagReplace | flagCold
 	r.gunlink(e)
 	r.gpushFront(e)
 	r.rpushFront(p, e)

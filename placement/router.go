@@ -119,6 +119,11 @@ type Request struct {
 	Parent  string    // parent conversation's key (sub-agent); used when Key is new
 	Now     time.Time // zero = time.Now()
 	Exclude []string  // replicas not to choose for this request
+	// Start is a fingerprint of the conversation's start (model, system
+	// prompt, first user message); 0 = unknown. A turn whose Key has a
+	// binding recorded with another start is a restarted conversation
+	// (compacted or cleared): it is placed anew by load (ReasonRestarted).
+	Start uint64
 }
 
 // Reason says why a replica was chosen.
@@ -134,7 +139,12 @@ const (
 	ReasonStayedOverloaded
 	ReasonReplaced
 	ReasonClientPinned
+	ReasonRestarted
+	ReasonColdReplaced
 )
+
+// NumReasons bounds the Reason values: every Reason is below it.
+const NumReasons = int(ReasonColdReplaced) + 1
 
 var reasonNames = [...]string{
 	ReasonAffinityOff:      "affinity-off",
@@ -145,6 +155,8 @@ var reasonNames = [...]string{
 	ReasonStayedOverloaded: "stayed-overloaded",
 	ReasonReplaced:         "re-placed",
 	ReasonClientPinned:     "client-pinned",
+	ReasonRestarted:        "restarted",
+	ReasonColdReplaced:     "cold-replaced",
 }
 
 // String returns the reason's short name, e.g. "sticky".
@@ -182,6 +194,9 @@ type replica struct {
 	bindings, active       int
 
 	sticky, stayed, placed, spill, pinned, replaced, affOff, noKey uint64
+
+	restarted, coldReplaced, ended, coldMarked uint64
+	measured, predicted, delivered             uint64 // sticky turns with a prediction, and their tokens
 
 	exclEpoch uint64 // equals Router.exclEpoch when excluded for the current request
 }
@@ -469,7 +484,7 @@ func (r *Router) Route(req Request) (Decision, error) {
 			p := r.reps[i]
 			var prev string
 			if affinity {
-				prev = r.bind(h, p, now)
+				prev = r.bind(h, p, now, req.Start)
 			}
 			p.pinned++
 			d := r.take(p, ReasonClientPinned)
@@ -509,12 +524,49 @@ func (r *Router) Route(req Request) (Decision, error) {
 		if p == nil {
 			return Decision{}, ErrNoReplica
 		}
-		r.insert(h, p, now)
+		r.insert(h, p, now, req.Start)
 		p.placed++
 		return r.take(p, ReasonPlaced), nil
 	}
 
 	bound := r.reps[r.b.ents[e].rep]
+	if en := &r.b.ents[e]; req.Start != 0 && en.start != req.Start {
+		if en.start != 0 {
+			// Same key, another start: the conversation was compacted or
+			// cleared; its old prefix buys nothing, so it is placed by load.
+			p := r.lenientPick(func() *replica { return r.best(now, nil, false) })
+			if p == nil {
+				return Decision{}, ErrNoReplica
+			}
+			en.start, en.prompt = req.Start, 0
+			en.flags &^= flagReplace | flagCold
+			r.rebind(e, p, now)
+			p.restarted++
+			d := r.take(p, ReasonRestarted)
+			if p != bound {
+				d.Previous = bound.id
+			}
+			return d, nil
+		}
+		en.start = req.Start
+	}
+	if r.b.ents[e].flags&flagCold != 0 && r.usable(bound) && r.b.ents[e].flags&flagReplace == 0 {
+		// The engine reported the conversation's cache gone: staying buys
+		// nothing, so it is placed by load.
+		p := r.lenientPick(func() *replica { return r.best(now, nil, false) })
+		if p == nil {
+			return Decision{}, ErrNoReplica
+		}
+		r.keyed++
+		r.b.ents[e].flags &^= flagCold
+		r.rebind(e, p, now)
+		p.coldReplaced++
+		d := r.take(p, ReasonColdReplaced)
+		if p != bound {
+			d.Previous = bound.id
+		}
+		return d, nil
+	}
 	if !r.usable(bound) || r.b.ents[e].flags&flagReplace != 0 {
 		// removed, unavailable, excluded, out for a failure, or out since
 		// this conversation's last turn: placed anew by load
@@ -523,7 +575,7 @@ func (r *Router) Route(req Request) (Decision, error) {
 			return Decision{}, ErrNoReplica
 		}
 		r.keyed++
-		r.b.ents[e].flags &^= flagReplace
+		r.b.ents[e].flags &^= flagReplace | flagCold
 		r.rebind(e, p, now)
 		p.replaced++
 		d := r.take(p, ReasonReplaced)
@@ -761,9 +813,28 @@ type ReplicaSnapshot struct {
 	AffinityOff      uint64 // per-request picks with affinity off
 	NoKey            uint64 // per-request picks for requests without a key
 
+	Restarted    uint64 // conversations placed here after their start changed (compacted, cleared)
+	ColdReplaced uint64 // conversations placed here because their replica's cache was found gone
+	ColdMarked   uint64 // bindings here marked cold (delivered far below predicted, or the replica restarted)
+	Ended        uint64 // bindings here dropped because the client ended the session
+
+	// Sticky turns here with a prediction (Feedback), the cached tokens
+	// predicted for them and the cached tokens delivered (each turn's
+	// delivery capped at its prediction).
+	MeasuredTurns, PredictedTokens, DeliveredTokens uint64
+
 	Bindings int // conversations currently bound here
 	Active   int // of those, used within ActiveWindow
 	Load     Load
+}
+
+// DeliveredShare is DeliveredTokens / PredictedTokens; 0 when nothing was
+// predicted.
+func (s ReplicaSnapshot) DeliveredShare() float64 {
+	if s.PredictedTokens == 0 {
+		return 0
+	}
+	return float64(s.DeliveredTokens) / float64(s.PredictedTokens)
 }
 
 // Snapshot returns counters and state as of the latest time seen by Route
@@ -803,6 +874,8 @@ func (r *Router) Snapshot() Snapshot {
 			InFlight: int(p.inflight.Load()),
 			Sticky:   p.sticky, StayedOverloaded: p.stayed, Placed: p.placed, SpillAccepted: p.spill,
 			ClientPinned: p.pinned, Replaced: p.replaced, AffinityOff: p.affOff, NoKey: p.noKey,
+			Restarted: p.restarted, ColdReplaced: p.coldReplaced, ColdMarked: p.coldMarked, Ended: p.ended,
+			MeasuredTurns: p.measured, PredictedTokens: p.predicted, DeliveredTokens: p.delivered,
 			Bindings: p.bindings, Active: p.active, Load: p.load,
 		})
 	}

@@ -1,0 +1,106 @@
+package placement
+
+import "time"
+
+// flagCold marks a binding whose replica no longer holds its conversation's
+// cache: the engine delivered far fewer cached tokens than the binding
+// predicted (Feedback), or the replica restarted (ColdReplica). Its next
+// turn is placed by load (ReasonColdReplaced).
+const flagCold uint32 = 4
+
+// DefaultBlockTokens is vLLM's default KV block size (--block-size 16).
+const DefaultBlockTokens = 16
+
+// Turn is what the engine reported for one finished turn, for Feedback.
+type Turn struct {
+	Key     string // the conversation key the turn was routed with
+	Replica string // the replica that answered
+	Reason  Reason // why it was routed there (Decision.Reason)
+	Prompt  int    // prompt tokens of the turn
+	Cached  int    // of those, the ones the engine found in its prefix cache
+}
+
+// Feedback records what the engine delivered for a finished turn and checks
+// it against the binding's prediction. A turn that stayed on its replica
+// (ReasonSticky, ReasonStayedOverloaded) is predicted to find the previous
+// turn's prompt cached, minus one block (vLLM caches full blocks and always
+// computes the last prompt token). Delivering less than half of that means
+// the conversation's cache is gone (evicted, or the replica restarted): the
+// binding is marked cold and its next turn is placed by load. Half, not
+// zero, because every replica holds the shared system prompt: a lost
+// conversation still delivers those blocks. Every turn then becomes the
+// prediction for the next one.
+//
+// It returns the prediction (0 when there was none: not a sticky turn, a
+// binding's first turn, or a turn for a replica the conversation is no
+// longer bound to) and whether the binding was marked cold.
+func (r *Router) Feedback(t Turn) (predicted int, cold bool) {
+	if t.Key == "" || t.Prompt < 0 || t.Cached < 0 {
+		return 0, false
+	}
+	h := r.hash(t.Key)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e, ok := r.b.idx[h]
+	if !ok {
+		return 0, false
+	}
+	en := &r.b.ents[e]
+	p := r.reps[en.rep]
+	if p.id != t.Replica {
+		return 0, false
+	}
+	if (t.Reason == ReasonSticky || t.Reason == ReasonStayedOverloaded) && en.prompt > DefaultBlockTokens {
+		predicted = int(en.prompt) - DefaultBlockTokens
+		got := min(t.Cached, predicted)
+		p.measured++
+		p.predicted += uint64(predicted)
+		p.delivered += uint64(got)
+		if t.Cached < predicted/2 && en.flags&flagCold == 0 {
+			en.flags |= flagCold
+			p.coldMarked++
+			cold = true
+		}
+	}
+	en.prompt = uint32(min(t.Prompt, 1<<32-1))
+	return predicted, cold
+}
+
+// ColdReplica marks every binding of replica id cold, as when its counters
+// reset: the engine restarted and its prefix cache is empty. It returns how
+// many bindings it marked; unknown IDs mark none.
+func (r *Router) ColdReplica(id string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	i, ok := r.byID[id]
+	if !ok {
+		return 0
+	}
+	p := r.reps[i]
+	n := 0
+	for e := p.head; e != nilIdx; e = r.b.ents[e].rnext {
+		en := &r.b.ents[e]
+		if en.flags&flagCold == 0 {
+			en.flags |= flagCold
+			p.coldMarked++
+			n++
+		}
+	}
+	return n
+}
+
+// End forgets the conversation's binding because the client said the
+// session ended, counting it on its replica (Ended). It reports whether a
+// live binding existed.
+func (r *Router) End(key string, now time.Time) bool {
+	h := r.hash(key)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e := r.lookup(h, r.advance(unixNanos(now)))
+	if e == nilIdx {
+		return false
+	}
+	r.reps[r.b.ents[e].rep].ended++
+	r.removeEntry(e)
+	return true
+}

@@ -30,7 +30,7 @@ func loaded(n int, cfg Config) *Router {
 func BenchmarkRouteSticky(b *testing.B) {
 	b.Run("one-key", func(b *testing.B) {
 		r := loaded(4, Config{})
-		req := Request{Key: sessionKeys(1)[0], Now: t0}
+		req := Request{Key: sessionKeys(1)[0], Now: t0, Start: 0x5eed}
 		d, _ := r.Route(req)
 		d.Release()
 		b.ReportAllocs()
@@ -46,14 +46,14 @@ func BenchmarkRouteSticky(b *testing.B) {
 	b.Run("100k-keys", func(b *testing.B) {
 		r := loaded(8, Config{})
 		keys := sessionKeys(100000)
-		for _, k := range keys {
-			d, _ := r.Route(Request{Key: k, Now: t0})
+		for i, k := range keys {
+			d, _ := r.Route(Request{Key: k, Now: t0, Start: uint64(i) + 1})
 			d.Release()
 		}
 		b.ReportAllocs()
 		b.ResetTimer()
 		for i := range b.N {
-			d, err := r.Route(Request{Key: keys[i%len(keys)], Now: t0})
+			d, err := r.Route(Request{Key: keys[i%len(keys)], Now: t0, Start: uint64(i%len(keys)) + 1})
 			if err != nil || d.Reason != ReasonSticky {
 				b.Fatal(d.Reason, err)
 			}
@@ -141,5 +141,25 @@ func BenchmarkMemoryPerBinding(b *testing.B) {
 		}
 		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/n, "bytes/binding")
 		runtime.KeepAlive(r)
+	}
+}
+
+// BenchmarkFeedback is the cost of reporting a finished sticky turn.
+func BenchmarkFeedback(b *testing.B) {
+	r := loaded(8, Config{})
+	keys := sessionKeys(100000)
+	for _, k := range keys {
+		d, _ := r.Route(Request{Key: k, Now: t0})
+		d.Release()
+	}
+	reps := make([]string, len(keys))
+	for i, k := range keys {
+		reps[i], _ = r.Bound(k)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		j := i % len(keys)
+		r.Feedback(Turn{Key: keys[j], Replica: reps[j], Reason: ReasonSticky, Prompt: 1000 + i%500, Cached: 1000})
 	}
 }

@@ -51,6 +51,15 @@
 //     round-robin. Nothing is bound; existing bindings are kept for when
 //     affinity comes back on.
 //
+//     Before rules 3–5, the binding itself is checked. A Request.Start
+//     (the conversation's start fingerprint) that differs from the one the
+//     binding recorded means the conversation was compacted or cleared under
+//     the same key: placed by score and re-bound, ReasonRestarted (not
+//     counted as keyed). A binding with no start recorded learns it; Start
+//     0 checks nothing. A binding marked cold (Feedback found its cache
+//     gone, or ColdReplica: the replica restarted) whose replica is usable
+//     is placed by score and re-bound, ReasonColdReplaced.
+//
 //  3. Key bound to an available replica that is not over the threshold →
 //     ReasonSticky.
 //
@@ -146,7 +155,11 @@
 // because every other replica was over the threshold too), Placed (new
 // conversations), SpillAccepted (conversations moved here from a replica over
 // the threshold), ClientPinned, Replaced (conversations moved here because
-// their replica went away), AffinityOff and NoKey (per-request picks),
+// their replica went away), Restarted and ColdReplaced (conversations placed
+// here by those rules), ColdMarked (bindings here found cold), Ended
+// (bindings dropped by End), MeasuredTurns, PredictedTokens and
+// DeliveredTokens (the sticky turns Feedback checked: cached tokens
+// predicted, and delivered capped at the prediction), AffinityOff and NoKey (per-request picks),
 // InFlight (held now), Bindings (conversations bound here) and Active (of
 // those, used within ActiveWindow). For the model: Requests (all routed),
 // KeyedRequests (requests with affinity on whose key had a live binding and

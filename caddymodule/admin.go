@@ -284,6 +284,23 @@ type ReplicaRow struct {
 	Replaced         uint64     `json:"re_placed"`
 	AffinityOff      uint64     `json:"affinity_off"`
 	NoKey            uint64     `json:"no_key"`
+	// Restarted counts conversations placed here anew because their start
+	// changed under the same key (compacted or cleared); ColdReplaced those
+	// placed here because their replica no longer held their cache;
+	// ColdMarked the bindings here found cold (delivered far below
+	// predicted, or the replica restarted); Ended the bindings here dropped
+	// because the client ended the session.
+	Restarted    uint64 `json:"restarted"`
+	ColdReplaced uint64 `json:"cold_replaced"`
+	ColdMarked   uint64 `json:"cold_marked"`
+	Ended        uint64 `json:"ended"`
+	// Cached tokens of the sticky turns here: predicted by the binding
+	// (the previous turn's prompt minus one block) and delivered by the
+	// engine (capped at the prediction), and the delivered share; the
+	// share is null before a sticky turn was measured.
+	PredictedCached uint64   `json:"predicted_cached_tokens"`
+	DeliveredCached uint64   `json:"delivered_cached_tokens"`
+	DeliveredShare  *float64 `json:"delivered_share"`
 	// The engine's own figures: null when it has not exported them (or has
 	// not been polled yet), which is unknown, not 0.
 	Running            *int       `json:"running"`
@@ -341,6 +358,11 @@ func buildCard(m *modelState, now time.Time) Card {
 			Sticky: r.Sticky, StayedOverloaded: r.StayedOverloaded, Placed: r.Placed,
 			SpillAccepted: r.SpillAccepted, ClientPinned: r.ClientPinned, Replaced: r.Replaced,
 			AffinityOff: r.AffinityOff, NoKey: r.NoKey, Bindings: r.Bindings, Active: r.Active,
+			Restarted: r.Restarted, ColdReplaced: r.ColdReplaced, ColdMarked: r.ColdMarked, Ended: r.Ended,
+			PredictedCached: r.PredictedTokens, DeliveredCached: r.DeliveredTokens,
+		}
+		if r.PredictedTokens > 0 {
+			row.DeliveredShare = optional(r.DeliveredShare())
 		}
 		if row.Out == nil {
 			row.Out = []string{}

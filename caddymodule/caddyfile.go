@@ -31,6 +31,8 @@ func parseHandlerCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler,
 //	    body_keys           on|off
 //	    fingerprint         on|off
 //	    fingerprint_bytes   <size>
+//	    restart_detection   on|off
+//	    session_end_headers <header...>|off
 //	    model_var           on|off
 //	    max_body            <size>
 //	    error_response      api|caddy
@@ -62,7 +64,16 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			} else {
 				h.ParentAgentHeader = v
 			}
-		case "body_keys", "fingerprint", "model_var":
+		case "session_end_headers":
+			args := d.RemainingArgs()
+			if len(args) == 0 {
+				return d.ArgErr()
+			}
+			if len(args) == 1 && args[0] == "off" {
+				args = []string{"-"}
+			}
+			h.SessionEndHeaders = args
+		case "body_keys", "fingerprint", "model_var", "restart_detection":
 			on, err := parseOnOff(d)
 			if err != nil {
 				return err
@@ -72,6 +83,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				h.NoBodyKeys = !on
 			case "fingerprint":
 				h.NoFingerprint = !on
+			case "restart_detection":
+				h.NoRestartDetection = !on
 			default:
 				h.NoModelVar = !on
 			}

@@ -73,6 +73,20 @@ type Handler struct {
 	// Default 32 KiB.
 	FingerprintBytes int `json:"fingerprint_bytes,omitempty"`
 
+	// Disables restart detection: by default a request whose key came from
+	// a header or the body's metadata carries a fingerprint of its
+	// conversation's start (as the fingerprint key hashes it), computed
+	// when the body is read anyway or the key has a binding (the body is
+	// then read in full); a bound conversation whose start changed was
+	// compacted or cleared and is placed anew by load (restarted).
+	NoRestartDetection bool `json:"no_restart_detection,omitempty"`
+
+	// Headers that mark a session's last request: when one is present with
+	// a value other than "0", "false" or "no", the request is routed as
+	// usual and its conversation's binding is dropped when the response
+	// ends (counted as ended). Default X-Session-End; ["-"] disables.
+	SessionEndHeaders []string `json:"session_end_headers,omitempty"`
+
 	// Disables reading the body just to publish {http.vars.lm_warden.model}
 	// when the key came from a header. With it set, the model variable is
 	// filled only when the body was read anyway.
@@ -94,8 +108,13 @@ type Handler struct {
 	ErrorResponse string `json:"error_response,omitempty"`
 
 	keys   keyExtractor
+	ends   []string // canonical session-end header names
 	logger *zap.Logger
 }
+
+// DefaultSessionEndHeaders are the headers read for a session's end when
+// session_end_headers is not set.
+var DefaultSessionEndHeaders = []string{"X-Session-End"}
 
 // CaddyModule returns the Caddy module information.
 func (Handler) CaddyModule() caddy.ModuleInfo {
@@ -126,6 +145,16 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		parent = ""
 	}
 	h.keys = newKeyExtractor(headers, agent, parent)
+	ends := h.SessionEndHeaders
+	if len(ends) == 0 {
+		ends = DefaultSessionEndHeaders
+	}
+	h.ends = nil
+	for _, e := range ends {
+		if e != "-" && e != "" {
+			h.ends = append(h.ends, http.CanonicalHeaderKey(e))
+		}
+	}
 	if h.FingerprintBytes == 0 {
 		h.FingerprintBytes = defaultFingerprintBytes
 	}
@@ -157,18 +186,27 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	st.api = apiOf(r.URL.Path)
 	st.key, st.parent = h.keys.fromHeaders(r.Header)
 
+	st.end = h.sessionEnds(r.Header)
+
 	var model string
 	keyFromBody := st.key == "" && (!h.NoBodyKeys || !h.NoFingerprint)
-	if (keyFromBody || !h.NoModelVar) && hasJSONBody(r) {
+	wantStart := st.key != "" && !h.NoRestartDetection
+	if (keyFromBody || !h.NoModelVar || wantStart) && hasJSONBody(r) {
 		var body []byte
 		var tooBig bool
 		var err error
-		if keyFromBody {
+		switch {
+		case keyFromBody:
 			body, tooBig, err = h.readBody(r, &st.rb)
-		} else {
+		case !h.NoModelVar:
 			// only the model variable: read the body's start when that
 			// holds the model, else all of it
 			model, body, tooBig, err = h.peekModel(r, &st.rb)
+		}
+		if body == nil && !tooBig && err == nil && wantStart && anyBinding(st.key) {
+			// the start is compared only with a binding's: the body is
+			// read in full only when there is one
+			body, tooBig, err = h.readBody(r, &st.rb)
 		}
 		if tooBig {
 			return h.fail(w, r, st, caddyhttp.Error(http.StatusRequestEntityTooLarge,
@@ -182,10 +220,18 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			if st.key == "" && !h.NoBodyKeys {
 				st.key = sessionFromBody(view)
 			}
+			if st.key != "" && !h.NoRestartDetection {
+				// a key from a header or the body's metadata: its start
+				// tells a restarted conversation (a fingerprint key is
+				// the start itself)
+				st.start = startFingerprint(view, h.FingerprintBytes)
+			}
 			if st.key == "" && !h.NoFingerprint {
 				st.key = fingerprint(view, h.FingerprintBytes)
 			}
-			model = modelFromBody(view)
+			if model == "" {
+				model = modelFromBody(view)
+			}
 		}
 	}
 	if vars := requestVars(r); vars != nil {
@@ -213,6 +259,39 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 	}
 	return err
+}
+
+// sessionEnds reports whether a session-end header marks the request as its
+// session's last.
+func (h *Handler) sessionEnds(hd http.Header) bool {
+	for _, name := range h.ends {
+		v := hd[name]
+		if len(v) == 0 {
+			continue
+		}
+		switch strings.ToLower(strings.TrimSpace(v[0])) {
+		case "", "0", "false", "no":
+			continue
+		}
+		return true
+	}
+	return false
+}
+
+// anyBinding reports whether some live model's router holds a binding for
+// key (the request's model is not known before its body is read).
+func anyBinding(key string) bool {
+	found := false
+	modelStates.Range(func(_, val any) bool {
+		if m, ok := val.(*modelState); ok {
+			if _, ok := m.router.Bound(key); ok {
+				found = true
+				return false
+			}
+		}
+		return true
+	})
+	return found
 }
 
 // fail hands a failure (a caddyhttp.HandlerError) to Caddy, or answers it

@@ -256,7 +256,29 @@ const billingPrefix = `"x-anthropic-billing-header`
 // and Claude Code's per-request billing block is skipped. It returns "" when
 // the body has neither a system prompt nor a user message.
 func fingerprint(body string, limit int) string {
-	fp := fnv128{budget: limit}
+	fp, ok := hashStart(body, limit)
+	if !ok {
+		return ""
+	}
+	return fp.sum()
+}
+
+// startFingerprint is the fingerprint as a number, for the router's restart
+// detection (placement.Request.Start): a conversation whose key comes from a
+// header but whose start changed was compacted or cleared. It returns 0
+// (unknown) when the body has no start to hash.
+func startFingerprint(body string, limit int) uint64 {
+	fp, ok := hashStart(body, limit)
+	if !ok {
+		return 0
+	}
+	return max(fp.a, 1)
+}
+
+// hashStart hashes the conversation's start for fingerprint and
+// startFingerprint; ok is false when there was no text to hash.
+func hashStart(body string, limit int) (fp fnv128, ok bool) {
+	fp = fnv128{budget: limit}
 	fp.init()
 	fp.write(gjson.Get(body, "model").Raw)
 	fp.sep()
@@ -278,10 +300,7 @@ func fingerprint(body string, limit int) string {
 		}
 		return true
 	})
-	if fp.texts == 0 {
-		return ""
-	}
-	return fp.sum()
+	return fp, fp.texts > 0
 }
 
 // fnv128 is FNV-1a over two 64-bit lanes with different offsets, enough to

@@ -215,3 +215,36 @@ func FuzzBodyKeys(f *testing.F) {
 		}
 	})
 }
+
+// The start fingerprint is the fingerprint's hash as a number: stable over a
+// conversation's turns (later messages, the billing block and cache_control
+// markers change, the start does not), different after a compaction
+// replaces the history with a summary, 0 when there is no start.
+func TestStartFingerprint(t *testing.T) {
+	start := startFingerprint(claudeBody("fix the bug in main.go", 1, "aaa"), defaultFingerprintBytes)
+	if start == 0 {
+		t.Fatal("no start fingerprint for a conversation")
+	}
+	tests := []struct {
+		name string
+		body string
+		same bool
+	}{
+		{"later turn, new billing block", claudeBody("fix the bug in main.go", 7, "zzz"), true},
+		{"compacted into a summary", claudeBody("This session is being continued from a previous conversation. Summary: …", 1, "aaa"), false},
+		{"cleared, new task", claudeBody("write the tests", 1, "aaa"), false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := startFingerprint(tc.body, defaultFingerprintBytes)
+			if got == 0 || (got == start) != tc.same {
+				t.Fatalf("start %x, first turn's %x, want same=%v", got, start, tc.same)
+			}
+		})
+	}
+	for _, body := range []string{`{}`, `{"model":"m"}`, `not json`, ``} {
+		if got := startFingerprint(body, defaultFingerprintBytes); got != 0 {
+			t.Errorf("startFingerprint(%q) = %x, want 0", body, got)
+		}
+	}
+}

@@ -18,7 +18,7 @@ type collector struct{}
 
 var (
 	descRequests = prometheus.NewDesc("lm_warden_requests_total",
-		"Requests routed, by the replica chosen and the reason (sticky, placed, spilled, client-pinned, re-placed, affinity-off, no-key).",
+		"Requests routed, by the replica chosen and the reason (sticky, stayed-overloaded, placed, spilled, client-pinned, re-placed, restarted, cold-replaced, affinity-off, no-key).",
 		[]string{"model", "replica", "reason"}, nil)
 	descInFlight = prometheus.NewDesc("lm_warden_in_flight",
 		"Requests in flight through the router.",
@@ -62,6 +62,15 @@ var (
 	descOut = prometheus.NewDesc("lm_warden_replica_out",
 		"1 when the replica is out of placement for the cause: poll (its polls fail), proxy (requests to it failed; cooling down), health (the proxy's health checks), admin (marked unavailable).",
 		[]string{"model", "replica", "cause"}, nil)
+	descStickyCached = prometheus.NewDesc("lm_warden_sticky_cached_tokens_total",
+		"Cached prompt tokens of the sticky turns at the replica: predicted by their binding (the previous turn's prompt minus one block) or delivered by the engine (capped at the prediction).",
+		[]string{"model", "replica", "kind"}, nil)
+	descColdMarked = prometheus.NewDesc("lm_warden_cold_bindings_total",
+		"Bindings at the replica found cold: the engine delivered under half the predicted cached tokens, or the replica restarted.",
+		[]string{"model", "replica"}, nil)
+	descEnded = prometheus.NewDesc("lm_warden_ended_sessions_total",
+		"Bindings at the replica dropped because the client said the session ended.",
+		[]string{"model", "replica"}, nil)
 	descProxyFailures = prometheus.NewDesc("lm_warden_proxy_failures_total",
 		"Requests that failed at the replica: no connection, no response headers in time, a 5xx answer or a cut stream.",
 		[]string{"model", "replica"}, nil)
@@ -82,7 +91,8 @@ var outCauses = [...]struct {
 func (collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descRequests, descInFlight, descBindings, descReplicaBindings,
 		descPrompt, descGenerated, descUnmeasured, descRunning, descWaiting, descKV, descHit,
-		descReachable, descPollErrors, descAvailable, descOut, descProxyFailures} {
+		descReachable, descPollErrors, descAvailable, descOut, descProxyFailures,
+		descStickyCached, descColdMarked, descEnded} {
 		ch <- d
 	}
 }
@@ -109,6 +119,8 @@ func (collector) Collect(ch chan<- prometheus.Metric) {
 				{"spilled", r.SpillAccepted},
 				{"client-pinned", r.ClientPinned},
 				{"re-placed", r.Replaced},
+				{"restarted", r.Restarted},
+				{"cold-replaced", r.ColdReplaced},
 				{"affinity-off", r.AffinityOff},
 				{"no-key", r.NoKey},
 			} {
@@ -132,6 +144,10 @@ func (collector) Collect(ch chan<- prometheus.Metric) {
 				gauge(descOut, b2f(r.Out&c.c != 0), m.name, r.ID, c.label)
 			}
 			counter(descProxyFailures, float64(r.ProxyFailures), m.name, r.ID)
+			counter(descStickyCached, float64(r.PredictedTokens), m.name, r.ID, "predicted")
+			counter(descStickyCached, float64(r.DeliveredTokens), m.name, r.ID, "delivered")
+			counter(descColdMarked, float64(r.ColdMarked), m.name, r.ID)
+			counter(descEnded, float64(r.Ended), m.name, r.ID)
 		}
 		for id, t := range m.acct.Totals() {
 			counter(descPrompt, float64(t.Cached), m.name, id, "cached")

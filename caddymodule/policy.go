@@ -469,7 +469,7 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 	}
 	exclude = st.triedList(exclude)
 
-	req := placement.Request{Key: st.key, Parent: st.parent}
+	req := placement.Request{Key: st.key, Parent: st.parent, Start: st.start}
 	if len(exclude) > 0 {
 		req.Exclude = exclude
 	}

@@ -203,7 +203,8 @@ func TestReplicaDiesMidStream(t *testing.T) {
 	if next.status != http.StatusOK || next.replica == replica || next.reason != "re-placed" {
 		t.Fatalf("turn after the replica died: %d %s; %s (dead %s): %s", next.status, next.replica, next.reason, replica, next.body)
 	}
-	again := rs.send("/v1/chat/completions", `{"model":"qwen3-4b","max_tokens":4,"messages":[{"role":"user","content":"and another"}]}`,
+	// the next turn resends the conversation, as agents do
+	again := rs.send("/v1/chat/completions", `{"model":"qwen3-4b","max_tokens":4,"messages":[{"role":"user","content":"write a long story about a replica"},{"role":"assistant","content":"Once"},{"role":"user","content":"and another"}]}`,
 		map[string]string{"X-Claude-Code-Session-Id": "mid"})
 	if again.replica != next.replica || again.reason != "sticky" {
 		t.Errorf("turn after the move: %s; %s, want %s; sticky", again.replica, again.reason, next.replica)

@@ -14,6 +14,8 @@ import (
 // dec when the response ends. Only the request's goroutine touches it.
 type routeState struct {
 	key, parent string
+	start       uint64 // fingerprint of the conversation's start; 0 = unknown
+	end         bool   // the client marked this request as its session's last
 	api         vllmstats.API
 	model       *modelState // set by the policy that routed the request
 	dec         placement.Decision
@@ -76,5 +78,11 @@ func (st *routeState) finished(status int, u *vllmstats.Usage, now time.Time) {
 	st.dec.Release()
 	if u != nil && st.model != nil && status >= 200 && status < 300 {
 		st.model.recordUsage(st.dec.Replica, *u, now)
+		st.model.feedback(st.key, st.dec, *u)
+	}
+	if st.end && st.key != "" && st.model != nil && status < 500 {
+		// the session's last request is done: nothing will use its
+		// cache through this binding again
+		st.model.router.End(st.key, now)
 	}
 }

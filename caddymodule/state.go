@@ -78,6 +78,7 @@ type modelState struct {
 	stopped   bool
 	logger    *zap.Logger
 	pollErrs  map[string]uint64 // poll rounds that failed, per present replica
+	resets    map[string]uint64 // counter resets (restarts) seen, per present replica
 	lastTaken time.Time
 
 	health atomic.Pointer[replicaSet] // the pool whose health checks feed the router
@@ -89,6 +90,7 @@ func newModelState(name string, rcfg placement.Config) *modelState {
 		router:   placement.NewRouter(rcfg),
 		acct:     vllmstats.NewAccountant(),
 		pollErrs: make(map[string]uint64),
+		resets:   make(map[string]uint64),
 		logger:   zap.NewNop(),
 	}
 	return m
@@ -122,6 +124,7 @@ func (m *modelState) configure(rcfg placement.Config, ps pollSettings, logger *z
 		old = m.poller
 		m.poll = ps
 		m.poller = m.newPoller()
+		clear(m.resets) // the new poller counts resets from 0
 		if m.started {
 			m.poller.Start()
 		}
@@ -172,6 +175,11 @@ func (m *modelState) setTargets(ids []string, targets []vllmstats.Target) {
 	for id := range m.pollErrs {
 		if !current[id] {
 			delete(m.pollErrs, id)
+		}
+	}
+	for id := range m.resets {
+		if !current[id] {
+			delete(m.resets, id)
 		}
 	}
 	p := m.poller
@@ -241,7 +249,17 @@ func (m *modelState) onSnapshot(s *vllmstats.Snapshot) {
 		rs.syncAllHealth(m.router)
 	}
 	m.forgetGone(time.Now())
+	var restarted []string
 	m.mu.Lock()
+	for i := range s.Replicas {
+		rs := &s.Replicas[i]
+		if rs.Resets > m.resets[rs.ID] && m.current[rs.ID] {
+			// the replica's counters dropped: it restarted with an empty
+			// prefix cache, so none of its bindings holds a cache any more
+			restarted = append(restarted, rs.ID)
+			m.resets[rs.ID] = rs.Resets
+		}
+	}
 	if !s.Taken.Equal(m.lastTaken) {
 		// a new poll round (SetTargets republishes the previous one)
 		m.lastTaken = s.Taken
@@ -252,6 +270,9 @@ func (m *modelState) onSnapshot(s *vllmstats.Snapshot) {
 		}
 	}
 	m.mu.Unlock()
+	for _, id := range restarted {
+		m.router.ColdReplica(id)
+	}
 }
 
 // logf logs a replica leaving or rejoining placement over its polls.
@@ -279,6 +300,19 @@ func (m *modelState) pollErrors() map[string]uint64 {
 
 func (m *modelState) recordUsage(replica string, u vllmstats.Usage, now time.Time) {
 	m.acct.Record(replica, u, now)
+}
+
+// feedback reports a finished turn's delivered cached tokens to the router,
+// which checks them against its binding's prediction (placement.Feedback).
+// Only a response that carried both counts says anything.
+func (m *modelState) feedback(key string, dec placement.Decision, u vllmstats.Usage) {
+	if key == "" || !u.Measured || !u.CachedMeasured {
+		return
+	}
+	m.router.Feedback(placement.Turn{
+		Key: key, Replica: dec.Replica, Reason: dec.Reason,
+		Prompt: int(min(u.PromptTokens, 1<<31-1)), Cached: int(min(u.CachedTokens, 1<<31-1)),
+	})
 }
 
 func init() {

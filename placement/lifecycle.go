@@ -24,7 +24,8 @@ type Turn struct {
 // it against the binding's prediction. A turn that stayed on its replica
 // (ReasonSticky, ReasonStayedOverloaded) is predicted to find the previous
 // turn's prompt cached, minus one block (vLLM caches full blocks and always
-// computes the last prompt token). Delivering less than half of that means
+// computes the last prompt token); never more than its own prompt minus a
+// block, since a client may send a shorter history than before. Delivering less than half of that means
 // the conversation's cache is gone (evicted, or the replica restarted): the
 // binding is marked cold and its next turn is placed by load. Half, not
 // zero, because every replica holds the shared system prompt: a lost
@@ -50,8 +51,8 @@ func (r *Router) Feedback(t Turn) (predicted int, cold bool) {
 	if p.id != t.Replica {
 		return 0, false
 	}
-	if (t.Reason == ReasonSticky || t.Reason == ReasonStayedOverloaded) && en.prompt > DefaultBlockTokens {
-		predicted = int(en.prompt) - DefaultBlockTokens
+	if base := min(int(en.prompt), t.Prompt); (t.Reason == ReasonSticky || t.Reason == ReasonStayedOverloaded) && base > DefaultBlockTokens {
+		predicted = base - DefaultBlockTokens
 		got := min(t.Cached, predicted)
 		p.measured++
 		p.predicted += uint64(predicted)

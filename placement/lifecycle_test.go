@@ -158,6 +158,7 @@ func TestFeedbackAccounting(t *testing.T) {
 	tests := []struct {
 		name                    string
 		prev                    int // prompt of the binding's previous turn; 0 = first turn
+		prompt                  int // the turn's prompt; 0 = prev+100
 		reason                  Reason
 		replica                 string
 		cached                  int
@@ -172,7 +173,8 @@ func TestFeedbackAccounting(t *testing.T) {
 		{name: "stayed overloaded counts", prev: 1000, reason: ReasonStayedOverloaded, replica: "r0", cached: 0, wantPredicted: 984, wantCold: true, wantMeasured: 1},
 		{name: "spilled turn predicts nothing", prev: 1000, reason: ReasonSpilled, replica: "r0", cached: 0},
 		{name: "other replica is ignored", prev: 1000, reason: ReasonSticky, replica: "r1", cached: 0},
-		{name: "prompt under a block predicts nothing", prev: 10, reason: ReasonSticky, replica: "r0", cached: 0},
+		{name: "prompt under a block predicts nothing", prev: 10, reason: ReasonSticky, replica: "r0", cached: 0, prompt: 15},
+		{name: "shorter history predicts its own prompt", prev: 1000, prompt: 400, reason: ReasonSticky, replica: "r0", cached: 399, wantPredicted: 384, wantMeasured: 1, wantDeliv: 384},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -181,7 +183,11 @@ func TestFeedbackAccounting(t *testing.T) {
 			if tc.prev > 0 {
 				r.Feedback(Turn{Key: "k", Replica: "r0", Reason: ReasonPlaced, Prompt: tc.prev})
 			}
-			pred, cold := r.Feedback(Turn{Key: "k", Replica: tc.replica, Reason: tc.reason, Prompt: tc.prev + 100, Cached: tc.cached})
+			prompt := tc.prompt
+			if prompt == 0 {
+				prompt = tc.prev + 100
+			}
+			pred, cold := r.Feedback(Turn{Key: "k", Replica: tc.replica, Reason: tc.reason, Prompt: prompt, Cached: tc.cached})
 			if pred != tc.wantPredicted || cold != tc.wantCold {
 				t.Fatalf("Feedback = %d, %v; want %d, %v", pred, cold, tc.wantPredicted, tc.wantCold)
 			}

@@ -1,0 +1,268 @@
+package caddymodule
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/lmwarden/caddy-lmwarden/emulator"
+)
+
+// lifecycleSite starts an emulator with n one-engine replicas behind Caddy
+// and returns it with the replicas' IDs (host:port) in emulator order.
+func lifecycleSite(t *testing.T, n int, modelName, poll string) (*emulator.Server, []string) {
+	t.Helper()
+	emu, err := emulator.NewServer(emulator.ServerConfig{Replicas: n, Speed: 50, Model: "qwen3-4b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = emu.Close() })
+	var ids []string
+	for _, u := range emu.URLs() {
+		ids = append(ids, strings.TrimPrefix(u, "http://"))
+	}
+	loadSite(t, fmt.Sprintf(`
+	lm_warden
+	reverse_proxy %s {
+		lb_policy lm_warden {
+			model %s
+			poll_interval %s
+			max_num_seqs 32
+		}
+		flush_interval -1
+	}`, strings.Join(ids, " "), modelName, poll))
+	return emu, ids
+}
+
+// agentTurn sends turn k (1-based) of a conversation in Claude Code's shape:
+// a long shared system prompt, the first task, then k-1 exchanges.
+func agentTurn(t *testing.T, session, task string, k int, hdr map[string]string) turnResult {
+	t.Helper()
+	system := strings.Repeat("You are a careful coding agent. Follow the repository's conventions. ", 20)
+	msgs := []map[string]any{{"role": "user", "content": task + " " + strings.Repeat("read the code and fix the failing test. ", 40)}}
+	for i := 1; i < k; i++ {
+		msgs = append(msgs, map[string]any{"role": "assistant", "content": "done step " + fmt.Sprint(i) + strings.Repeat(" and looked at the files", 10)},
+			map[string]any{"role": "user", "content": "continue with step " + fmt.Sprint(i+1)})
+	}
+	body, _ := json.Marshal(map[string]any{
+		"model": "qwen3-4b", "max_tokens": 8,
+		"system": []map[string]any{{"type": "text", "text": system}}, "messages": msgs,
+	})
+	h := map[string]string{"X-Claude-Code-Session-Id": session}
+	for k, v := range hdr {
+		h[k] = v
+	}
+	res := sendTurn(t, "/v1/messages", string(body), h)
+	if res.status != 200 {
+		t.Fatalf("%s turn %d: %d %s", session, k, res.status, res.body)
+	}
+	return res
+}
+
+// upAgain waits until a restarted emulator replica answers on a new
+// connection, which also gives the proxy's transport the time to drop the
+// connections the stop closed.
+func upAgain(t *testing.T, url string) {
+	t.Helper()
+	waitFor(t, "the restarted replica to answer", func() bool {
+		resp, err := testClient.Get(url + "/v1/models")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200
+	})
+}
+
+// modelCounter returns the value of an lm_warden counter of a model and
+// replica in the admin /metrics with the given extra labels, parsed with
+// expfmt.
+func modelCounter(t *testing.T, name, modelName, replica string, labels map[string]string) float64 {
+	t.Helper()
+	var text string
+	adminJSON(t, "/metrics", &text)
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(strings.NewReader(text))
+	if err != nil {
+		t.Fatalf("admin /metrics: %v", err)
+	}
+	for _, m := range fams[name].GetMetric() {
+		got := map[string]string{}
+		for _, l := range m.GetLabel() {
+			got[l.GetName()] = l.GetValue()
+		}
+		if got["model"] != modelName || got["replica"] != replica {
+			continue
+		}
+		ok := true
+		for k, v := range labels {
+			ok = ok && got[k] == v
+		}
+		if ok {
+			return m.GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("no %s sample for %s %s %v", name, modelName, replica, labels)
+	return 0
+}
+
+// TestCompactedConversationIsPlacedAnew: the same session header with a new
+// start (Claude Code's /compact or /clear replaces the history with a
+// summary) is placed by load and counted as restarted; later turns of the
+// conversation, whose start stays the same, keep sticking, and the sticky
+// turns' predicted cached tokens are delivered.
+func TestCompactedConversationIsPlacedAnew(t *testing.T) {
+	_, ids := lifecycleSite(t, 2, "lc-compact", "100ms")
+	first := agentTurn(t, "s1", "Task one:", 1, nil)
+	for k := 2; k <= 4; k++ {
+		if r := agentTurn(t, "s1", "Task one:", k, nil); r.reason != "sticky" || r.replica != first.replica {
+			t.Fatalf("turn %d: %s (%s), want %s sticky", k, r.replica, r.reason, first.replica)
+		}
+	}
+	compacted := agentTurn(t, "s1", "Summary of the conversation so far:", 1, nil)
+	if compacted.reason != "restarted" {
+		t.Fatalf("compacted turn: %s (%s), want restarted", compacted.replica, compacted.reason)
+	}
+	if r := agentTurn(t, "s1", "Summary of the conversation so far:", 2, nil); r.reason != "sticky" || r.replica != compacted.replica {
+		t.Fatalf("turn after compaction: %s (%s), want %s sticky", r.replica, r.reason, compacted.replica)
+	}
+	// the usage is fed back when the handler finishes, just after the
+	// client has read the response: wait for the last sticky turn's
+	waitFor(t, "the sticky turns measured", func() bool {
+		return cardRow(getCard(t, "lc-compact"), compacted.replica).DeliveredShare != nil
+	})
+	c := getCard(t, "lc-compact")
+	var restarted uint64
+	for _, id := range ids {
+		restarted += cardRow(c, id).Restarted
+	}
+	if restarted != 1 || cardRow(c, compacted.replica).Restarted != 1 {
+		t.Fatalf("card restarted: %d in all, %d on %s; want 1", restarted, cardRow(c, compacted.replica).Restarted, compacted.replica)
+	}
+	row := cardRow(c, first.replica)
+	if row.PredictedCached == 0 || row.DeliveredShare == nil || *row.DeliveredShare < 0.99 {
+		t.Fatalf("%s: predicted %d delivered %d share %v; want every predicted token delivered",
+			first.replica, row.PredictedCached, row.DeliveredCached, row.DeliveredShare)
+	}
+	if got := modelCounter(t, "lm_warden_requests_total", "lc-compact", compacted.replica, map[string]string{"reason": "restarted"}); got != 1 {
+		t.Fatalf("Prometheus restarted requests %v, want 1", got)
+	}
+	// the card and Prometheus read the same counters (the last turn's
+	// feedback may land between two reads)
+	waitFor(t, "Prometheus and the card to agree", func() bool {
+		row := cardRow(getCard(t, "lc-compact"), first.replica)
+		p := modelCounter(t, "lm_warden_sticky_cached_tokens_total", "lc-compact", first.replica, map[string]string{"kind": "predicted"})
+		d := modelCounter(t, "lm_warden_sticky_cached_tokens_total", "lc-compact", first.replica, map[string]string{"kind": "delivered"})
+		return p == float64(row.PredictedCached) && d == float64(row.DeliveredCached) && p > 0
+	})
+}
+
+// TestLostCacheMarksTheBindingCold: a replica restarted between two polls
+// the poller never saw (its interval is an hour) answers the next sticky
+// turn without the conversation's cache; the delivered cached tokens fall
+// below half the prediction, the binding goes cold and the following turn
+// is placed by load (cold-replaced).
+func TestLostCacheMarksTheBindingCold(t *testing.T) {
+	emu, ids := lifecycleSite(t, 2, "lc-cold", "1h")
+	first := agentTurn(t, "s2", "Task two:", 1, nil)
+	agentTurn(t, "s2", "Task two:", 2, nil)
+	at := -1
+	for i, id := range ids {
+		if id == first.replica {
+			at = i
+		}
+	}
+	if at < 0 {
+		t.Fatalf("routed to %q, not an emulator replica", first.replica)
+	}
+	if err := emu.Stop(at); err != nil {
+		t.Fatal(err)
+	}
+	if err := emu.Restart(at); err != nil {
+		t.Fatal(err)
+	}
+	upAgain(t, emu.URLs()[at])
+	r := agentTurn(t, "s2", "Task two:", 3, nil)
+	if r.reason != "sticky" || r.replica != first.replica {
+		t.Fatalf("turn 3: %s (%s), want %s sticky (nothing told the router yet)", r.replica, r.reason, first.replica)
+	}
+	// the usage is fed back when the handler finishes, just after the
+	// client has read the response
+	waitFor(t, "the binding marked cold", func() bool {
+		return cardRow(getCard(t, "lc-cold"), first.replica).ColdMarked == 1
+	})
+	r = agentTurn(t, "s2", "Task two:", 4, nil)
+	if r.reason != "cold-replaced" {
+		t.Fatalf("turn 4: %s (%s), want cold-replaced", r.replica, r.reason)
+	}
+	if n := cardRow(getCard(t, "lc-cold"), r.replica).ColdReplaced; n != 1 {
+		t.Fatalf("cold_replaced on %s: %d, want 1", r.replica, n)
+	}
+	if got := modelCounter(t, "lm_warden_cold_bindings_total", "lc-cold", first.replica, nil); got != 1 {
+		t.Fatalf("Prometheus cold bindings %v, want 1", got)
+	}
+}
+
+// TestReplicaRestartMakesItsBindingsCold: the poller sees a replica's
+// counters drop (a restart between two polls): every binding there goes
+// cold at once, and their next turns are placed by load.
+func TestReplicaRestartMakesItsBindingsCold(t *testing.T) {
+	emu, ids := lifecycleSite(t, 2, "lc-reset", "200ms")
+	first := agentTurn(t, "s3", "Task three:", 1, nil)
+	agentTurn(t, "s3", "Task three:", 2, nil)
+	at := -1
+	for i, id := range ids {
+		if id == first.replica {
+			at = i
+		}
+	}
+	// the poller has seen the prefix counters move
+	waitFor(t, "a poll after the turns", func() bool {
+		hit := cardRow(getCard(t, "lc-reset"), first.replica).PrefixHitRateTotal
+		return hit != nil && *hit > 0
+	})
+	if err := emu.Stop(at); err != nil {
+		t.Fatal(err)
+	}
+	if err := emu.Restart(at); err != nil {
+		t.Fatal(err)
+	}
+	upAgain(t, emu.URLs()[at])
+	waitFor(t, "the restart seen by the poller", func() bool {
+		return cardRow(getCard(t, "lc-reset"), first.replica).ColdMarked == 1
+	})
+	r := agentTurn(t, "s3", "Task three:", 3, nil)
+	if r.reason != "cold-replaced" {
+		t.Fatalf("turn 3: %s (%s), want cold-replaced", r.replica, r.reason)
+	}
+}
+
+// TestSessionEndHeaderDropsTheBinding: the request marked as the session's
+// last is routed as usual (sticky), then its binding is dropped and counted
+// as ended; a later request of that key is placed anew.
+func TestSessionEndHeaderDropsTheBinding(t *testing.T) {
+	_, _ = lifecycleSite(t, 2, "lc-end", "100ms")
+	first := agentTurn(t, "s4", "Task four:", 1, nil)
+	last := agentTurn(t, "s4", "Task four:", 2, map[string]string{"X-Session-End": "true"})
+	if last.reason != "sticky" || last.replica != first.replica {
+		t.Fatalf("last turn: %s (%s), want %s sticky", last.replica, last.reason, first.replica)
+	}
+	// the binding is dropped when the handler finishes
+	waitFor(t, "the session ended", func() bool { return cardRow(getCard(t, "lc-end"), first.replica).Ended == 1 })
+	if row := cardRow(getCard(t, "lc-end"), first.replica); row.Bindings != 0 {
+		t.Fatalf("%s: %d bindings after the session ended, want 0", first.replica, row.Bindings)
+	}
+	if got := modelCounter(t, "lm_warden_ended_sessions_total", "lc-end", first.replica, nil); got != 1 {
+		t.Fatalf("Prometheus ended %v, want 1", got)
+	}
+	if r := agentTurn(t, "s4", "Task four:", 3, map[string]string{"X-Session-End": "0"}); r.reason != "placed" {
+		t.Fatalf("turn after the end: %s, want placed", r.reason)
+	}
+	if row := cardRow(getCard(t, "lc-end"), first.replica); row.Ended != 1 {
+		t.Fatalf("X-Session-End: 0 ended the session: %d", row.Ended)
+	}
+}

@@ -33,12 +33,21 @@ func benchPool(n int) reverseproxy.UpstreamPool {
 	return pool
 }
 
-// benchPolicy is a provisioned-equivalent policy without a Caddy context.
+// benchPolicy is a provisioned-equivalent policy without a Caddy context,
+// its model live as a loaded configuration's is (the handler looks for a
+// binding there before reading a header-keyed body for its start).
 func benchPolicy(b *testing.B, model string) *Policy {
 	p := &Policy{Model: model, routeHeader: true}
-	p.m = newModelState(model, placement.Config{MaxNumSeqs: 32})
-	p.m.configure(placement.Config{MaxNumSeqs: 32}, p.pollSettings(), nil)
-	b.Cleanup(func() { _ = p.m.Destruct() })
+	val, _, err := modelStates.LoadOrNew(model, func() (caddy.Destructor, error) {
+		m := newModelState(model, placement.Config{MaxNumSeqs: 32})
+		m.configure(placement.Config{MaxNumSeqs: 32}, p.pollSettings(), nil)
+		return m, nil
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	p.m = val.(*modelState)
+	b.Cleanup(func() { _, _ = modelStates.Delete(model) })
 	return p
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"net/http"
 	"net/textproto"
+	"strconv"
 	"strings"
 	"unsafe"
 
@@ -289,19 +290,32 @@ func hashStart(body string, limit int) (fp fnv128, ok bool) {
 	case sys.IsArray():
 		fp.content(sys)
 	}
-	gjson.Get(body, "messages").ForEach(func(_, m gjson.Result) bool {
-		switch m.Get("role").Str {
-		case "system", "developer":
-			fp.content(m.Get("content"))
-			return fp.budget > 0
-		case "user":
-			fp.content(m.Get("content"))
-			return false
+	// Messages one by one from the start: taking "messages" whole would
+	// scan a long conversation to its end for the first few of them.
+	for _, path := range messagePaths {
+		m := gjson.Get(body, path)
+		if !m.Exists() {
+			break
 		}
-		return true
-	})
+		role := m.Get("role").Str
+		if role == "system" || role == "developer" || role == "user" {
+			fp.content(m.Get("content"))
+		}
+		if role == "user" || fp.budget <= 0 {
+			break
+		}
+	}
 	return fp, fp.texts > 0
 }
+
+// messagePaths are the paths of the messages the fingerprint may read: the
+// first user message is looked for among the first few only.
+var messagePaths = func() (out [16]string) {
+	for i := range out {
+		out[i] = "messages." + strconv.Itoa(i)
+	}
+	return out
+}()
 
 // fnv128 is FNV-1a over two 64-bit lanes with different offsets, enough to
 // make accidental collisions between conversations negligible, computed

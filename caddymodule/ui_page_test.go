@@ -195,7 +195,20 @@ func TestUICardView(t *testing.T) {
 				"requests": "1,234,567", "bindings": "12", "max_num_seqs": "32"},
 			row: 0,
 			cells: map[string]string{"held": "0", "sticky": "38", "spill_accepted": "0", "client_pinned": "0",
-				"run_wait": "0 / 0", "kv": "41.0%", "hit": "82.2%", "bindings": "3 (2 active)", "state": "reachable"},
+				"run_wait": "0 / 0", "kv": "41.0%", "hit": "82.2%", "bindings": "3 (2 active)", "state": "reachable",
+				"delivered": "none yet", "restarted": "0", "cold_replaced": "0", "ended": "0"},
+			ok: true,
+		},
+		{
+			name: "conversation lifecycle",
+			change: func(c *Card) {
+				r := &c.Replicas[0]
+				r.Restarted, r.ColdReplaced, r.Ended = 2, 1, 1234
+				r.PredictedCached, r.DeliveredCached, r.DeliveredShare = 12300, 12000, ptr(12000.0/12300)
+			},
+			row: 0,
+			cells: map[string]string{"delivered": "97.6% (12,000 of 12,300)", "restarted": "2", "cold_replaced": "1",
+				"ended": "1,234"},
 			ok: true,
 		},
 		{

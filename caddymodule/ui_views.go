@@ -213,7 +213,7 @@ func uiDelivered(share *float64, delivered, predicted uint64) uiVal {
 	if share == nil {
 		return uiVal{V: nil, T: "none yet"}
 	}
-	return uiVal{V: *share, T: humanize.FtoaWithDigits(*share*100, 1) + "% (" +
+	return uiVal{V: *share, T: uiPct(*share).T + " (" +
 		humanize.Comma(int64(delivered)) + " of " + humanize.Comma(int64(predicted)) + ")"}
 }
 

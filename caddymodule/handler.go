@@ -73,13 +73,16 @@ type Handler struct {
 	// Default 32 KiB.
 	FingerprintBytes int `json:"fingerprint_bytes,omitempty"`
 
-	// Disables restart detection: by default a request whose key came from
-	// a header or the body's metadata carries a fingerprint of its
+	// Turns restart detection on: a request whose key came from a header
+	// or the body's metadata then carries a fingerprint of its
 	// conversation's start (as the fingerprint key hashes it), computed
 	// when the body is read anyway or the key has a binding (the body is
 	// then read in full); a bound conversation whose start changed was
-	// compacted or cleared and is placed anew by load (restarted).
-	NoRestartDetection bool `json:"no_restart_detection,omitempty"`
+	// compacted or cleared and is placed anew by load (restarted). Off by
+	// default: it reads every bound request's body in full, and a client
+	// whose system prompt changes from turn to turn would be restarted on
+	// every turn.
+	RestartDetection bool `json:"restart_detection,omitempty"`
 
 	// Headers that mark a session's last request: when one is present with
 	// a value other than "0", "false" or "no", the request is routed as
@@ -190,7 +193,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 	var model string
 	keyFromBody := st.key == "" && (!h.NoBodyKeys || !h.NoFingerprint)
-	wantStart := st.key != "" && !h.NoRestartDetection
+	wantStart := st.key != "" && h.RestartDetection
 	if (keyFromBody || !h.NoModelVar || wantStart) && hasJSONBody(r) {
 		var body []byte
 		var tooBig bool
@@ -220,7 +223,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			if st.key == "" && !h.NoBodyKeys {
 				st.key = sessionFromBody(view)
 			}
-			if st.key != "" && !h.NoRestartDetection {
+			if st.key != "" && h.RestartDetection {
 				// a key from a header or the body's metadata: its start
 				// tells a restarted conversation (a fingerprint key is
 				// the start itself)

@@ -26,7 +26,9 @@ func lifecycleSite(t *testing.T, n int, modelName, poll string) (*emulator.Serve
 		ids = append(ids, strings.TrimPrefix(u, "http://"))
 	}
 	loadSite(t, fmt.Sprintf(`
-	lm_warden
+	lm_warden {
+		restart_detection on
+	}
 	reverse_proxy %s {
 		lb_policy lm_warden {
 			model %s

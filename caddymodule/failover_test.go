@@ -274,7 +274,11 @@ func checkFaultStage(t *testing.T, log []turnLog, dead string, tFault, tOut, tBa
 		for _, l := range turns {
 			switch {
 			case l.start.Before(tFault):
-				onDead = l.replica == dead
+				if l.replica != "" {
+					// a turn cut before its headers names no replica: the
+					// conversation is still bound where its last answer was
+					onDead = l.replica == dead
+				}
 			case onDead && inOutage(l.start) && l.streamed && l.replica != dead:
 				// its first turn served after the fault
 				if l.reason != "re-placed" {
@@ -333,7 +337,25 @@ func startFaultStage(t *testing.T, model string, dials []string, rht string) (fr
 	target = busiest(t, model, dials)
 	w = watchCard(t, model, dials[target], stopWatch)
 	time.Sleep(50 * time.Millisecond)
+	// The agents' conversations are short and tend to run in step: break
+	// the replica while one of its conversations has turns left, so the
+	// test sees one come back.
+	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline) && !midConversation(fr.turns(), dials[target]); {
+		time.Sleep(2 * time.Millisecond)
+	}
 	return fr, target, w, end
+}
+
+// midConversation reports whether the latest turn answered by replica was
+// complete and not among the last two of its conversation.
+func midConversation(log []turnLog, replica string) bool {
+	var last *turnLog
+	for i := range log {
+		if l := &log[i]; l.replica == replica && (last == nil || l.start.After(last.start)) {
+			last = l
+		}
+	}
+	return last != nil && last.complete && last.turn <= 4
 }
 
 // TestKilledReplicaMidStage kills one of four emulated replicas while eight

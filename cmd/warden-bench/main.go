@@ -92,10 +92,13 @@ func addCommon(fs *flag.FlagSet, c *common, w bench.Workload, stageLength, warmu
 	fs.DurationVar(&c.w.Think, "think", w.Think, "mean client pause between turns, engine time (0: none)")
 	fs.StringVar(&c.w.Model, "model", w.Model, "model name sent in requests (and LM Warden's model)")
 	fs.StringVar(&c.stages, "stages", "4,8,16,24,32", "concurrent sessions of each stage, comma-separated")
-	fs.StringVar(&c.modes, "modes", modes, "routing modes run per stage: vllm-dp, off, on, least_conn, round_robin, header")
+	fs.StringVar(&c.modes, "modes", modes, "routing modes run per stage: vllm-dp, off, on, lifecycle (sim only), least_conn, round_robin, header")
 	fs.BoolVar(&c.compare, "compare", false, "run all modes: vllm-dp, off, on, least_conn, round_robin, header")
 	fs.DurationVar(&c.stageLength, "stage-length", stageLength, "measured length of a stage, engine time")
 	fs.DurationVar(&c.warmup, "warmup", warmup, "warm-up before each stage's measurement, engine time")
+	fs.Float64Var(&c.w.CompactShare, "compact-share", w.CompactShare, "share of sessions that compact their history into a summary (sim)")
+	fs.IntVar(&c.w.CompactAfter, "compact-after", 3, "compacting sessions compact after this many turns")
+	fs.IntVar(&c.w.CompactTokens, "compact-tokens", 800, "tokens of the summary that replaces a compacted history")
 	fs.StringVar(&c.out, "out", "warden-bench-out", "directory for report.json, table.md and the PNG charts")
 }
 
@@ -107,6 +110,9 @@ func (c *common) parse() (stages []int, modes []string, err error) {
 		}
 		stages = append(stages, n)
 	}
+	if c.w.CompactShare == 0 {
+		c.w.CompactAfter, c.w.CompactTokens = 0, 0
+	}
 	if c.compare {
 		return stages, bench.CompareModes, nil
 	}
@@ -117,7 +123,7 @@ func (c *common) parse() (stages []int, modes []string, err error) {
 			ok = ok || x == m
 		}
 		if !ok {
-			return nil, nil, fmt.Errorf("unknown mode %q (vllm-dp, off, on, least_conn, round_robin, header)", m)
+			return nil, nil, fmt.Errorf("unknown mode %q (vllm-dp, off, on, lifecycle, least_conn, round_robin, header)", m)
 		}
 		modes = append(modes, m)
 	}
@@ -171,7 +177,7 @@ func runDemo(ctx context.Context, args []string) error {
 		// one server per replica: --compare runs the latter.
 		modes = modes[:0:0]
 		for _, m := range bench.CompareModes {
-			if m != bench.ModeVLLMDP {
+			if m != bench.ModeVLLMDP && m != bench.ModeLifecycle {
 				modes = append(modes, m)
 			}
 		}
@@ -224,6 +230,8 @@ func runSim(args []string) error {
 	fs.DurationVar(&cfg.DPStatsInterval, "dp-stats-interval", emulator.DefaultDPStatsInterval, "vllm-dp: how often vLLM's coordinator publishes the engines' counts, engine time")
 	fs.IntVar(&cfg.DPAPIServers, "dp-api-servers", 0, "vllm-dp: vLLM API server processes, each balancing on its own (0: one per replica, vLLM's default)")
 	fs.BoolVar(&cfg.DPRotate, "dp-rotate", false, "vllm-dp: rotate the balancer's tie-break after every pick (vLLM from PR 47420 on) instead of ties to the lowest engine")
+	fs.DurationVar(&cfg.RestartAt, "restart-at", 0, "restart one replica (cache and counters cleared) this long after every stage's start, engine time (0: never)")
+	fs.IntVar(&cfg.RestartReplica, "restart-replica", 0, "the replica --restart-at restarts")
 	detail := fs.Bool("detail", false, "print per stage where turns spend their time (queue, prefill, preemptions) and each replica's load")
 	if err := fs.Parse(args); err != nil {
 		return err

@@ -5,15 +5,19 @@ package bench
 // the coordinator's published waiting×4+running (the "off" of the
 // reference measurement: 4 × RTX A4000, Qwen3-4B, vLLM data-parallel 4).
 // ModeOff and ModeOn are LM Warden's policy with affinity off (its own
-// least-loaded pick) and on; the others are Caddy's own selection policies.
+// least-loaded pick) and on; ModeLifecycle is affinity on with the
+// conversation lifecycle checks (start fingerprint, delivered-hit feedback,
+// counter resets marking a replica's bindings cold; the sim only). The
+// others are Caddy's own selection policies.
 const (
 	ModeVLLMDP     = "vllm-dp"
 	ModeOff        = "off"
 	ModeOn         = "on"
+	ModeLifecycle  = "lifecycle"
 	ModeLeastConn  = "least_conn"
 	ModeRoundRobin = "round_robin"
 	ModeHeader     = "header" // rendezvous hash of X-Claude-Code-Session-Id
 )
 
 // CompareModes are the modes of --compare, in the order they run.
-var CompareModes = []string{ModeVLLMDP, ModeOff, ModeOn, ModeLeastConn, ModeRoundRobin, ModeHeader}
+var CompareModes = []string{ModeVLLMDP, ModeOff, ModeOn, ModeLifecycle, ModeLeastConn, ModeRoundRobin, ModeHeader}

@@ -43,6 +43,12 @@ type SimConfig struct {
 	// balancing on its own (default: one per replica, as `vllm serve
 	// --data-parallel-size N` starts); a request lands on one at random.
 	DPAPIServers int
+	// RestartAt, when positive, restarts replica RestartReplica this long
+	// after every stage's start (warm-up included): its engine is reset
+	// (queues, prefix cache and counters emptied, as a restarted vLLM).
+	// Turns inside are lost and their clients send them again.
+	RestartAt      time.Duration
+	RestartReplica int
 	// Progress, when set, is called after every stage.
 	Progress func(Stage)
 	// Detail, when set, is called after every stage with what happened
@@ -76,6 +82,8 @@ type simTurn struct {
 	req     *emulator.EngineRequest
 	rep     int
 	release func()
+	reason  placement.Reason
+	histLen int // the slot's history before this turn's user message
 	rec     TurnRecord
 }
 
@@ -84,6 +92,9 @@ type simSlot struct {
 	sess   *Session
 	hist   []uint32 // prompt tokens of the turns so far, answers included
 	cur    *simTurn
+	start  uint64 // fingerprint of the conversation's current start
+	// compacted: the session already replaced its history by a summary
+	compacted bool
 }
 
 type simEngine struct {
@@ -127,6 +138,9 @@ func Sim(cfg SimConfig) (*Report, error) {
 	}
 	if cfg.PollInterval <= 0 {
 		cfg.PollInterval = time.Second
+	}
+	if cfg.RestartAt > 0 && (cfg.RestartReplica < 0 || cfg.RestartReplica >= cfg.Replicas) {
+		return nil, fmt.Errorf("sim: restart replica %d out of range [0, %d)", cfg.RestartReplica, cfg.Replicas)
 	}
 	if cfg.DPStatsInterval <= 0 {
 		cfg.DPStatsInterval = emulator.DefaultDPStatsInterval
@@ -202,8 +216,8 @@ func validMode(m string) bool {
 
 func (s *simulator) stage(mode string, n int) (Stage, error) {
 	s.mode = mode
-	if mode == ModeOff || mode == ModeOn {
-		s.router.SetAffinity(mode == ModeOn)
+	if mode == ModeOff || mode == ModeOn || mode == ModeLifecycle {
+		s.router.SetAffinity(mode != ModeOff)
 	}
 	first := len(s.turns)
 	start := s.now
@@ -220,7 +234,15 @@ func (s *simulator) stage(mode string, n int) (Stage, error) {
 	// vLLM's coordinator publishes the engines' counts on its own period;
 	// the vllm-dp balancer decides on the last publication.
 	nextPublish := s.now
+	restartAt := time.Duration(-1)
+	if s.cfg.RestartAt > 0 {
+		restartAt = start + s.cfg.RestartAt
+	}
 	for {
+		if restartAt >= 0 && restartAt <= s.now {
+			restartAt = -1
+			s.restart(s.cfg.RestartReplica, slots)
+		}
 		if mode == ModeVLLMDP && nextPublish <= s.now {
 			s.dp.Publish(func(i int) (int, int) { return s.engines[i].e.Waiting(), s.engines[i].e.Running() })
 			nextPublish = s.now + s.cfg.DPStatsInterval
@@ -241,6 +263,9 @@ func (s *simulator) stage(mode string, n int) (Stage, error) {
 		if mode == ModeVLLMDP && nextPublish < next {
 			next, which = nextPublish, -2
 		}
+		if restartAt >= 0 && restartAt < next {
+			next, which = restartAt, -2
+		}
 		if due >= 0 && (which < 0 || slots[due].sendAt < next) {
 			s.now = slots[due].sendAt
 			slots[due].sendAt = -1
@@ -256,7 +281,7 @@ func (s *simulator) stage(mode string, n int) (Stage, error) {
 		}
 		s.now = next
 		if which == -2 {
-			continue // a publication of the coordinator
+			continue // a publication of the coordinator, or the restart
 		}
 		if which < 0 {
 			break
@@ -282,7 +307,7 @@ func (s *simulator) stage(mode string, n int) (Stage, error) {
 // PolicyOf names the router behind a mode in reports: lm_warden for affinity
 // off and on, vllm_dp for vLLM's own balancer, else the Caddy policy.
 func PolicyOf(mode string) string {
-	if mode == ModeOff || mode == ModeOn {
+	if mode == ModeOff || mode == ModeOn || mode == ModeLifecycle {
 		return "lm_warden"
 	}
 	if mode == ModeVLLMDP {
@@ -331,6 +356,11 @@ func (s *simulator) finishStep(i int) {
 		case emulator.EventFinished:
 			t.rec.End = s.now
 			t.rec.Output = len(t.req.Output)
+			if s.mode == ModeLifecycle {
+				// What the Caddy module does with the usage of every
+				// finished turn.
+				s.router.Feedback(placement.Turn{Key: t.slot.sess.ID, Replica: e.id, Reason: t.reason, Prompt: len(t.req.Prompt), Cached: t.req.CachedTokens})
+			}
 			s.done(t)
 			sl := t.slot
 			sl.cur = nil
@@ -366,6 +396,8 @@ func (s *simulator) done(t *simTurn) {
 func (s *simulator) newSession(sl *simSlot, start int) {
 	sl.sess = s.gen.NextAt(start)
 	sl.hist = append(sl.hist[:0], s.sysTok...)
+	sl.compacted = false
+	sl.start = xxhash.Sum64String(sl.sess.Messages[0])
 	for t, a := range sl.sess.Answers {
 		sl.hist = emulator.AppendTokens(sl.hist, emulator.RenderMessage("user", sl.sess.Messages[t]))
 		sl.hist = append(sl.hist, s.genTok...)
@@ -379,10 +411,19 @@ func (s *simulator) newSession(sl *simSlot, start int) {
 func (s *simulator) send(sl *simSlot) {
 	sess := sl.sess
 	turn := sess.Turn()
+	if !sl.compacted && turn == s.cfg.Workload.CompactAfter && s.gen.Compacts(sess) {
+		// The session compacts: the system prompt stays, the summary
+		// becomes the first user message, the remaining turns follow it.
+		sl.compacted = true
+		sum := s.gen.Summary(sess)
+		sl.start = xxhash.Sum64String(sum)
+		sl.hist = emulator.AppendTokens(append(sl.hist[:0], s.sysTok...), emulator.RenderMessage("user", sum))
+	}
+	histLen := len(sl.hist)
 	sl.hist = emulator.AppendTokens(sl.hist, emulator.RenderMessage("user", sess.Messages[turn]))
 	prompt := append(append(make([]uint32, 0, len(sl.hist)+len(s.genTok)), sl.hist...), s.genTok...)
-	rep, release := s.route(sess.ID)
-	t := &simTurn{slot: sl, rep: rep, release: release}
+	rep, reason, release := s.route(sess.ID, sl.start)
+	t := &simTurn{slot: sl, rep: rep, release: release, reason: reason, histLen: histLen}
 	t.rec = TurnRecord{Session: sess.Serial, Turn: turn, LastTurn: turn == sess.Turns()-1, Start: s.now, Replica: s.engines[rep].id}
 	t.req = &emulator.EngineRequest{ID: fmt.Sprintf("%s-%d", sess.ID, turn), Prompt: prompt, MaxTokens: sess.OutputTokens, Data: t}
 	s.engines[rep].inflight++
@@ -404,10 +445,10 @@ func (s *simulator) send(sl *simSlot) {
 }
 
 // route picks the replica for one turn under the current mode.
-func (s *simulator) route(key string) (int, func()) {
+func (s *simulator) route(key string, start uint64) (int, placement.Reason, func()) {
 	switch s.mode {
 	case ModeVLLMDP:
-		return s.dp.PickBy(s.rng.IntN(s.dp.Clients())), func() {}
+		return s.dp.PickBy(s.rng.IntN(s.dp.Clients())), 0, func() {}
 	case ModeLeastConn:
 		best, n := -1, 0
 		for i, e := range s.engines {
@@ -421,10 +462,10 @@ func (s *simulator) route(key string) (int, func()) {
 				}
 			}
 		}
-		return best, func() {}
+		return best, 0, func() {}
 	case ModeRoundRobin:
 		s.robin++
-		return int(s.robin % uint32(len(s.engines))), func() {}
+		return int(s.robin % uint32(len(s.engines))), 0, func() {}
 	case ModeHeader:
 		best, hi := 0, uint64(0)
 		for i, e := range s.engines {
@@ -432,20 +473,52 @@ func (s *simulator) route(key string) (int, func()) {
 				best, hi = i, h
 			}
 		}
-		return best, func() {}
+		return best, 0, func() {}
 	}
-	d, err := s.router.Route(placement.Request{Key: key, Now: simEpoch.Add(s.now)})
+	if s.mode != ModeLifecycle {
+		start = 0 // LM Warden without the lifecycle checks
+	}
+	d, err := s.router.Route(placement.Request{Key: key, Start: start, Now: simEpoch.Add(s.now)})
 	if err != nil {
 		panic(fmt.Sprintf("sim: router has no replica: %v", err)) // every replica is always available here
 	}
-	return s.byID[d.Replica], d.Release
+	return s.byID[d.Replica], d.Reason, d.Release
+}
+
+// restart resets replica i's engine, as a vLLM restart: its queues, prefix
+// cache and counters are emptied. The turns it was serving are lost (an
+// error for their clients, recorded as such) and sent again at once.
+func (s *simulator) restart(i int, slots []*simSlot) {
+	s.engines[i].e.Reset()
+	for _, sl := range slots {
+		t := sl.cur
+		if t == nil || t.rep != i {
+			continue
+		}
+		t.rec.End, t.rec.Err = s.now, true
+		s.done(t)
+		sl.cur = nil
+		sl.hist = sl.hist[:t.histLen]
+		if !s.stopped {
+			s.send(sl)
+		}
+	}
 }
 
 // poll reads every engine's counters, records them and feeds the router.
 func (s *simulator) poll() {
 	p := Poll{At: s.now, Replicas: make(map[string]ReplicaCounters, len(s.engines))}
+	var last *Poll
+	if len(s.polls) > 0 {
+		last = &s.polls[len(s.polls)-1]
+	}
 	for _, e := range s.engines {
 		st := e.e.Stats()
+		if last != nil && s.mode == ModeLifecycle && float64(st.PrefixQueries) < last.Replicas[e.id].Queries {
+			// The counters went back: the replica restarted, as the
+			// poller sees it; its bindings are cold.
+			s.router.ColdReplica(e.id)
+		}
 		p.Replicas[e.id] = ReplicaCounters{Running: float64(e.e.Running()), Hits: float64(st.PrefixHits), Queries: float64(st.PrefixQueries)}
 		s.router.UpdateLoad(e.id, placement.Load{Running: e.e.Running(), Waiting: e.e.Waiting(), KVUsage: e.e.KVUsage(), Reachable: true, Seen: simEpoch.Add(s.now)})
 	}

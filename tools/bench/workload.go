@@ -35,6 +35,14 @@ type Workload struct {
 	// next turn (the client running tools); each pause is drawn uniformly
 	// from [Think/2, 3·Think/2]. Zero sends the next turn at once.
 	Think time.Duration `json:"think_ns"`
+	// CompactShare of the sessions compact after CompactAfter turns, as
+	// Claude Code does near the context limit or on /compact: the same
+	// session ID, but the history is replaced by a summary of
+	// CompactTokens (system prompt kept, the summary as the new first user
+	// message); the session then sends its remaining turns. Used by the sim.
+	CompactShare  float64 `json:"compact_share,omitempty"`
+	CompactAfter  int     `json:"compact_after,omitempty"`
+	CompactTokens int     `json:"compact_tokens,omitempty"`
 }
 
 // DefaultWorkload is the reference measurement (4 × RTX A4000): a 3.5k system prompt,
@@ -86,6 +94,10 @@ func (w Workload) Validate() error {
 		return fmt.Errorf("workload: output tokens must be at least 1, got %d", w.OutputTokens)
 	case w.Think < 0:
 		return fmt.Errorf("workload: think time must not be negative, got %v", w.Think)
+	case w.CompactShare < 0 || w.CompactShare > 1:
+		return fmt.Errorf("workload: compact share must be in [0, 1], got %g", w.CompactShare)
+	case w.CompactShare > 0 && (w.CompactAfter < 1 || w.CompactTokens < 1):
+		return fmt.Errorf("workload: compacting sessions need --compact-after ≥ 1 and --compact-tokens ≥ 1 (got %d, %d)", w.CompactAfter, w.CompactTokens)
 	case w.Jitter < 0 || w.Jitter >= 0.5:
 		return fmt.Errorf("workload: jitter must be in [0, 0.5), got %g", w.Jitter)
 	}
@@ -255,6 +267,23 @@ func uuidFrom(r *rand.Rand) string {
 // textOfTokens draws English-like code-review prose of about target tokens
 // as counted by count. It estimates the byte length from a sample, then
 // corrects twice, so the result lands within a word of the target.
+// Summary is the text that replaces session s's history when it compacts:
+// CompactTokens of text of its own (the same for the same seed and session).
+func (g *Generator) Summary(s *Session) string {
+	r := rand.New(rand.NewPCG(g.w.Seed^0x5c0ffee, uint64(s.Serial)))
+	return "Summary of the conversation so far: " + textOfTokens(r, g.w.CompactTokens, g.count)
+}
+
+// Compacts reports whether session s compacts after CompactAfter turns:
+// a fixed CompactShare of the sessions, chosen by serial.
+func (g *Generator) Compacts(s *Session) bool {
+	if g.w.CompactShare <= 0 || g.w.CompactAfter >= s.Turns() {
+		return false
+	}
+	r := rand.New(rand.NewPCG(g.w.Seed^0xc0ac7, uint64(s.Serial)))
+	return r.Float64() < g.w.CompactShare
+}
+
 func textOfTokens(r *rand.Rand, target int, count TokenCounter) string {
 	if target <= 0 {
 		return ""

@@ -297,3 +297,89 @@ func TestSimCalibration(t *testing.T) {
 		}
 	}
 }
+
+// lifecycleSim is shortSim with affinity on, with and without the lifecycle
+// checks, collecting each stage's detail.
+func lifecycleSim(t *testing.T, events bool) (*Report, map[string][]SimDetail) {
+	t.Helper()
+	cfg := shortSim()
+	cfg.Modes = []string{ModeOn, ModeLifecycle}
+	if events {
+		cfg.Workload.CompactShare, cfg.Workload.CompactAfter, cfg.Workload.CompactTokens = 0.2, 3, 800
+		cfg.RestartAt, cfg.RestartReplica = 50*time.Second, 1
+	}
+	details := map[string][]SimDetail{}
+	cfg.Detail = func(d SimDetail) { details[d.Mode] = append(details[d.Mode], d) }
+	rep, err := Sim(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b bytes.Buffer
+	rep.WriteTable(&b)
+	t.Logf("events %v\n%s", events, b.String())
+	return rep, details
+}
+
+// TestSimLifecycle pins how the sim drives the router in the lifecycle
+// mode: without compaction or restarts nothing is placed anew (no false
+// restarts, no false cold bindings) and hits match affinity on; with them,
+// compacted conversations are placed anew (restarted) and bindings on the
+// restarted replica are found cold, while affinity on without the checks
+// keeps every binding.
+func TestSimLifecycle(t *testing.T) {
+	rep, det := lifecycleSim(t, false)
+	for i, n := range []int{4, 8} {
+		on, _ := rep.Find(ModeOn, n)
+		lc, _ := rep.Find(ModeLifecycle, n)
+		if d := det[ModeLifecycle][i]; d.Restarted != 0 || d.ColdReplaced != 0 {
+			t.Errorf("%d sessions, no events: %d restarted, %d cold-replaced turns, want none", n, d.Restarted, d.ColdReplaced)
+		}
+		if lc.StayedPct != 100 || lc.Errors != 0 {
+			t.Errorf("%d sessions, no events: lifecycle stayed %.1f%% with %d errors, want 100%% and none", n, lc.StayedPct, lc.Errors)
+		}
+		if diff := lc.PrefixHitPct - on.PrefixHitPct; diff < -1.5 || diff > 1.5 {
+			t.Errorf("%d sessions, no events: prefix hits lifecycle %.1f%% vs on %.1f%%, want within 1.5 points", n, lc.PrefixHitPct, on.PrefixHitPct)
+		}
+	}
+
+	rep, det = lifecycleSim(t, true)
+	restarted, cold := 0, 0
+	for i, n := range []int{4, 8} {
+		if d := det[ModeOn][i]; d.Restarted != 0 || d.ColdReplaced != 0 {
+			t.Errorf("%d sessions, affinity on: %d restarted, %d cold-replaced turns, want none without the checks", n, d.Restarted, d.ColdReplaced)
+		}
+		d := det[ModeLifecycle][i]
+		restarted += d.Restarted
+		cold += d.ColdReplaced
+		for _, m := range []string{ModeOn, ModeLifecycle} {
+			if st, _ := rep.Find(m, n); st.Requests == 0 {
+				t.Errorf("%d sessions, %s: no requests", n, m)
+			}
+		}
+	}
+	if restarted == 0 || cold == 0 {
+		t.Errorf("lifecycle with compaction and a restart: %d restarted, %d cold-replaced turns, want both", restarted, cold)
+	}
+}
+
+func TestSimRestartLosesTurns(t *testing.T) {
+	cfg := shortSim()
+	cfg.Stages = []int{8}
+	cfg.Modes = []string{ModeVLLMDP, ModeOn}
+	cfg.RestartAt = 50 * time.Second
+	rep, err := Sim(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range cfg.Modes {
+		// With 8 sessions on 4 replicas, the restarted replica is serving
+		// turns: they fail, are counted, and are sent again.
+		if st, _ := rep.Find(m, 8); st.Errors == 0 || st.Requests <= st.Errors {
+			t.Errorf("%s: %d requests, %d errors; want the restarted replica's turns as errors and the run going on", m, st.Requests, st.Errors)
+		}
+	}
+	cfg.RestartReplica = 4
+	if _, err := Sim(cfg); err == nil {
+		t.Error("restart of replica 4 of 4: no error")
+	}
+}

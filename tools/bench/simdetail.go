@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"io"
 	"time"
+
+	"github.com/lmwarden/caddy-lmwarden/placement"
 )
 
 // SimDetail is what happened inside the engines during one simulated
@@ -24,6 +26,11 @@ type SimDetail struct {
 	PromptTokens, CachedTokens float64
 	// Preempted is the share of turns preempted at least once.
 	Preempted float64
+	// Restarted and ColdReplaced count the turns LM Warden placed anew by
+	// load because their conversation's start changed (compaction) or its
+	// replica's cache was found gone (placement.ReasonRestarted,
+	// ReasonColdReplaced).
+	Restarted, ColdReplaced int
 }
 
 // SimReplicaDetail is one replica's averages over the window, sampled at
@@ -55,6 +62,11 @@ func WriteSimDetail(w io.Writer, d SimDetail) error {
 		d.Mode, d.Sessions, d.Turns, d.QueueS, d.PrefillS, d.PromptTokens, d.CachedTokens, 100*safeDiv(d.CachedTokens, d.PromptTokens), 100*d.Preempted)
 	if err != nil {
 		return err
+	}
+	if d.Restarted > 0 || d.ColdReplaced > 0 {
+		if _, err := fmt.Fprintf(w, "    placed anew: %d restarted conversations, %d cold bindings\n", d.Restarted, d.ColdReplaced); err != nil {
+			return err
+		}
 	}
 	for _, r := range d.Replicas {
 		if _, err := fmt.Fprintf(w, "    %-10s running %5.2f waiting %5.2f KV %5.1f%% busy %5.1f%% preemptions %4d turns %3d\n",
@@ -124,6 +136,12 @@ func (s *simulator) detailTurn(t *simTurn) {
 		a.preN++
 	}
 	a.d.Replicas[t.rep].Turns++
+	switch t.reason {
+	case placement.ReasonRestarted:
+		a.d.Restarted++
+	case placement.ReasonColdReplaced:
+		a.d.ColdReplaced++
+	}
 }
 
 func (s *simulator) detailEnd() {
@@ -139,10 +157,16 @@ func (s *simulator) detailEnd() {
 			p := float64(a.polls)
 			r.Running, r.Waiting, r.KV = r.Running/p, r.Waiting/p, r.KV/p
 			st := e.e.Stats()
-			r.Preemptions = st.Preemptions - a.pre0[i]
+			// A replica restarted inside the window counts from zero
+			// again: only what it did since the restart is known.
+			pre, busy := a.pre0[i], a.busy0[i]
+			if st.Preemptions < pre || st.Busy < busy {
+				pre, busy = 0, 0
+			}
+			r.Preemptions = st.Preemptions - pre
 			// A step that straddles the window's edge counts whole, which
 			// can push a saturated engine a hair past 100 %.
-			r.BusyShare = min((st.Busy-a.busy0[i]).Seconds()/w.Seconds(), 1)
+			r.BusyShare = min((st.Busy-busy).Seconds()/w.Seconds(), 1)
 		}
 	}
 	if n := float64(a.d.Turns); n > 0 {

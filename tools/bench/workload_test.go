@@ -201,3 +201,45 @@ func TestStartTurnsAndPreparedSessions(t *testing.T) {
 		t.Error("prepared answers differ for one seed")
 	}
 }
+
+func TestCompaction(t *testing.T) {
+	w := DefaultWorkload()
+	w.CompactShare, w.CompactAfter, w.CompactTokens = 0.2, 3, 800
+	g, err := NewGenerator(w, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, compacting := 2000, 0
+	for i := 0; i < n; i++ {
+		s := g.Session(i)
+		if g.Compacts(s) {
+			compacting++
+			if g.Compacts(s) != g.Compacts(g.Session(i)) {
+				t.Fatalf("session %d: compaction choice not stable", i)
+			}
+		}
+	}
+	if share := float64(compacting) / float64(n); share < 0.17 || share > 0.23 {
+		t.Errorf("%d of %d sessions compact (%.3f), want about 0.2", compacting, n, share)
+	}
+	a, b := g.Summary(g.Session(1)), g.Summary(g.Session(2))
+	if a == b || a != g.Summary(g.Session(1)) {
+		t.Error("summaries must be the session's own and stable")
+	}
+	if got := ApproxTokens(a); got < 780 || got > 830 {
+		t.Errorf("summary of %d tokens, want about 800", got)
+	}
+	w.CompactAfter = w.Turns
+	if g2, _ := NewGenerator(w, nil); g2.Compacts(g2.Session(0)) {
+		t.Error("a session cannot compact after its last turn")
+	}
+	for _, bad := range []Workload{
+		func() Workload { x := w; x.CompactShare = 1.5; return x }(),
+		func() Workload { x := w; x.CompactAfter = 0; return x }(),
+		func() Workload { x := w; x.CompactTokens = 0; return x }(),
+	} {
+		if bad.Validate() == nil {
+			t.Errorf("workload %+v: no error", bad)
+		}
+	}
+}

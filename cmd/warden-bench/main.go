@@ -102,6 +102,23 @@ func addCommon(fs *flag.FlagSet, c *common, w bench.Workload, stageLength, warmu
 	fs.StringVar(&c.out, "out", "warden-bench-out", "directory for report.json, table.md and the PNG charts")
 }
 
+// simOnly rejects what only the sim can do: compacting sessions and the
+// lifecycle mode (which --compare leaves out here).
+func (c *common) simOnly(modes []string) ([]string, error) {
+	if c.w.CompactShare > 0 {
+		return nil, errors.New("--compact-share: compaction is simulated only (warden-bench sim)")
+	}
+	out := modes[:0:0]
+	for _, m := range modes {
+		if m != bench.ModeLifecycle {
+			out = append(out, m)
+		} else if !c.compare {
+			return nil, errors.New("mode lifecycle runs in warden-bench sim only")
+		}
+	}
+	return out, nil
+}
+
 func (c *common) parse() (stages []int, modes []string, err error) {
 	for _, s := range strings.Split(c.stages, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
@@ -169,6 +186,9 @@ func runDemo(ctx context.Context, args []string) error {
 		d.Fault = &f
 	}
 	stages, modes, err := c.parse()
+	if err == nil {
+		modes, err = c.simOnly(modes)
+	}
 	if err != nil {
 		return err
 	}
@@ -298,6 +318,9 @@ func runHTTP(ctx context.Context, args []string) error {
 		return errors.New("--url is required")
 	}
 	stages, modes, err := c.parse()
+	if err == nil {
+		modes, err = c.simOnly(modes)
+	}
 	if err != nil {
 		return err
 	}

@@ -252,13 +252,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	err := next.ServeHTTP(rw, r)
 	if err != nil && !rw.wroteHeader {
 		var herr caddyhttp.HandlerError
-		if errors.As(err, &herr) && (herr.StatusCode == http.StatusBadGateway || herr.StatusCode == http.StatusGatewayTimeout) {
-			// the replica chosen last could not be reached, or sent no
-			// response headers in time (response_header_timeout)
-			rw.failed()
-		}
-		if errors.As(err, &herr) && (herr.StatusCode == http.StatusServiceUnavailable || herr.StatusCode == http.StatusBadGateway || herr.StatusCode == http.StatusGatewayTimeout) {
-			return h.fail(rw, r, st, err)
+		if errors.As(err, &herr) {
+			switch herr.StatusCode {
+			case http.StatusBadGateway, http.StatusGatewayTimeout:
+				// the replica chosen last could not be reached, or sent no
+				// response headers in time (response_header_timeout)
+				rw.failed()
+				return h.fail(rw, r, st, err)
+			case http.StatusServiceUnavailable:
+				return h.fail(rw, r, st, err)
+			}
 		}
 	}
 	return err

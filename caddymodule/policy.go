@@ -459,11 +459,12 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 	var buf [8]string
 	exclude := buf[:0]
 	for i, u := range pool {
-		h := u.Healthy()
-		if h != rs.healthy[i].Load() {
+		// The router keeps Caddy's health state itself (an unhealthy
+		// upstream is out, CauseHealth); only a full one is excluded here.
+		if h := u.Healthy(); h != rs.healthy[i].Load() {
 			rs.syncHealth(p.m.router, i, h)
 		}
-		if !h || u.Full() {
+		if u.Full() {
 			exclude = append(exclude, rs.ids[i]...)
 		}
 	}

@@ -534,53 +534,20 @@ func (r *Router) Route(req Request) (Decision, error) {
 		if en.start != 0 {
 			// Same key, another start: the conversation was compacted or
 			// cleared; its old prefix buys nothing, so it is placed by load.
-			p := r.lenientPick(func() *replica { return r.best(now, nil, false) })
-			if p == nil {
-				return Decision{}, ErrNoReplica
-			}
 			en.start, en.prompt = req.Start, 0
-			en.flags &^= flagReplace | flagCold
-			r.rebind(e, p, now)
-			p.restarted++
-			d := r.take(p, ReasonRestarted)
-			if p != bound {
-				d.Previous = bound.id
-			}
-			return d, nil
+			return r.replace(e, bound, now, ReasonRestarted)
 		}
 		en.start = req.Start
 	}
 	if r.b.ents[e].flags&flagCold != 0 && r.usable(bound) && r.b.ents[e].flags&flagReplace == 0 {
 		// The engine reported the conversation's cache gone: staying buys
 		// nothing, so it is placed by load.
-		p := r.lenientPick(func() *replica { return r.best(now, nil, false) })
-		if p == nil {
-			return Decision{}, ErrNoReplica
-		}
-		r.keyed++
-		r.b.ents[e].flags &^= flagCold
-		r.rebind(e, p, now)
-		p.coldReplaced++
-		d := r.take(p, ReasonColdReplaced)
-		if p != bound {
-			d.Previous = bound.id
-		}
-		return d, nil
+		return r.replace(e, bound, now, ReasonColdReplaced)
 	}
 	if !r.usable(bound) || r.b.ents[e].flags&flagReplace != 0 {
 		// removed, unavailable, excluded, out for a failure, or out since
 		// this conversation's last turn: placed anew by load
-		p := r.lenientPick(func() *replica { return r.best(now, nil, false) })
-		if p == nil {
-			return Decision{}, ErrNoReplica
-		}
-		r.keyed++
-		r.b.ents[e].flags &^= flagReplace | flagCold
-		r.rebind(e, p, now)
-		p.replaced++
-		d := r.take(p, ReasonReplaced)
-		d.Previous = bound.id
-		return d, nil
+		return r.replace(e, bound, now, ReasonReplaced)
 	}
 	r.keyed++
 	if bound.running() > r.threshold {
@@ -607,6 +574,35 @@ func (r *Router) spill(e int32, from, p *replica, now int64) Decision {
 	d := r.take(p, ReasonSpilled)
 	d.Previous = from.id
 	return d
+}
+
+// replace places the conversation of entry e, bound to from, anew by load
+// and re-binds it, for reason: ReasonReplaced (its replica cannot take it),
+// ReasonColdReplaced (its cache there is gone) or ReasonRestarted (it
+// started over). The binding's replace and cold marks are cleared. A
+// restarted conversation is new, so it does not count as keyed.
+func (r *Router) replace(e int32, from *replica, now int64, reason Reason) (Decision, error) {
+	p := r.lenientPick(func() *replica { return r.best(now, nil, false) })
+	if p == nil {
+		return Decision{}, ErrNoReplica
+	}
+	r.b.ents[e].flags &^= flagReplace | flagCold
+	r.rebind(e, p, now)
+	switch reason {
+	case ReasonRestarted:
+		p.restarted++
+	case ReasonColdReplaced:
+		r.keyed++
+		p.coldReplaced++
+	default:
+		r.keyed++
+		p.replaced++
+	}
+	d := r.take(p, reason)
+	if p != from {
+		d.Previous = from.id
+	}
+	return d, nil
 }
 
 // stay keeps the conversation of entry e on its replica p.

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 )
@@ -85,9 +86,8 @@ func (s *simReplica) served() int {
 	return s.n
 }
 
-// replicaGauge returns the value of an lm_warden gauge for one replica in the
-// admin /metrics, parsed with expfmt; false when it has no sample.
-func replicaGauge(t *testing.T, name, replica string) (float64, bool) {
+// adminMetrics reads the admin /metrics, parsed with expfmt.
+func adminMetrics(t *testing.T) map[string]*dto.MetricFamily {
 	t.Helper()
 	var text string
 	adminJSON(t, "/metrics", &text)
@@ -96,6 +96,14 @@ func replicaGauge(t *testing.T, name, replica string) (float64, bool) {
 	if err != nil {
 		t.Fatalf("admin /metrics: %v", err)
 	}
+	return fams
+}
+
+// replicaGauge returns the value of an lm_warden gauge for one replica in the
+// admin /metrics, parsed with expfmt; false when it has no sample.
+func replicaGauge(t *testing.T, name, replica string) (float64, bool) {
+	t.Helper()
+	fams := adminMetrics(t)
 	for _, m := range fams[name].GetMetric() {
 		for _, l := range m.GetLabel() {
 			if l.GetName() == "replica" && l.GetValue() == replica {

@@ -15,8 +15,6 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	prommodel "github.com/prometheus/common/model"
 
 	"github.com/lmwarden/caddy-lmwarden/emulator"
 )
@@ -209,9 +207,11 @@ func (w *outWatch) times() (out, in time.Time, cause []string) {
 	return w.out, w.in, w.outCause
 }
 
-func startEmulator(t *testing.T, n int) (*emulator.Server, []string) {
+// startEmulator starts n emulated one-engine replicas at speed (engine
+// seconds per wall second) and returns them with their dial addresses.
+func startEmulator(t *testing.T, n int, speed float64) (*emulator.Server, []string) {
 	t.Helper()
-	emu, err := emulator.NewServer(emulator.ServerConfig{Replicas: n, Speed: 20, Model: "qwen3-4b"})
+	emu, err := emulator.NewServer(emulator.ServerConfig{Replicas: n, Speed: speed, Model: "qwen3-4b"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -362,7 +362,7 @@ func midConversation(log []turnLog, replica string) bool {
 // agents keep their conversations going through Caddy with the README's core
 // snippet (no health checks, no retries), then restarts it.
 func TestKilledReplicaMidStage(t *testing.T) {
-	emu, dials := startEmulator(t, 4)
+	emu, dials := startEmulator(t, 4, 20)
 	const poll = time.Second // the default poll_interval
 	fr, dead, w, end := startFaultStage(t, "killed", dials, "10m")
 	tKill := time.Now()
@@ -428,7 +428,7 @@ func TestKilledReplicaMidStage(t *testing.T) {
 // sent there time out after the configured response header timeout, and
 // then no more are sent there.
 func TestHungReplicaMidStage(t *testing.T) {
-	emu, dials := startEmulator(t, 4)
+	emu, dials := startEmulator(t, 4, 20)
 	const rht = time.Second
 	fr, hung, w, end := startFaultStage(t, "hung", dials, "1s")
 	tHang := time.Now()
@@ -466,13 +466,7 @@ func TestHungReplicaMidStage(t *testing.T) {
 // lm_warden_replica_available{model,replica} from the admin /metrics.
 func outMetric(t *testing.T, model, replica string) (available float64, out map[string]float64) {
 	t.Helper()
-	var text string
-	adminJSON(t, "/metrics", &text)
-	parser := expfmt.NewTextParser(prommodel.UTF8Validation)
-	fams, err := parser.TextToMetricFamilies(strings.NewReader(text))
-	if err != nil {
-		t.Fatalf("parsing /metrics: %v", err)
-	}
+	fams := adminMetrics(t)
 	labels := func(m *dto.Metric) map[string]string {
 		out := map[string]string{}
 		for _, l := range m.GetLabel() {
@@ -501,7 +495,7 @@ func outMetric(t *testing.T, model, replica string) (available float64, out map[
 // and the metrics follow, no conversation is placed there, and all come
 // back when the check passes again.
 func TestCardFollowsHealthCheck(t *testing.T) {
-	emu, dials := startEmulator(t, 3)
+	emu, dials := startEmulator(t, 3, 20)
 	loadSite(t, fmt.Sprintf(`
 	lm_warden
 	reverse_proxy %s {
@@ -566,7 +560,7 @@ func TestCardFollowsHealthCheck(t *testing.T) {
 // request already failed on, and a replica that failed a dial is avoided by
 // the next placements at once (before any poll can notice).
 func TestRetriesGoElsewhere(t *testing.T) {
-	emu, dials := startEmulator(t, 3)
+	emu, dials := startEmulator(t, 3, 20)
 	loadSite(t, fmt.Sprintf(`
 	lm_warden
 	reverse_proxy %s {

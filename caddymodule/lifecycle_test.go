@@ -6,9 +6,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
-
 	"github.com/lmwarden/caddy-lmwarden/emulator"
 )
 
@@ -16,15 +13,7 @@ import (
 // and returns it with the replicas' IDs (host:port) in emulator order.
 func lifecycleSite(t *testing.T, n int, modelName, poll string) (*emulator.Server, []string) {
 	t.Helper()
-	emu, err := emulator.NewServer(emulator.ServerConfig{Replicas: n, Speed: 50, Model: "qwen3-4b"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = emu.Close() })
-	var ids []string
-	for _, u := range emu.URLs() {
-		ids = append(ids, strings.TrimPrefix(u, "http://"))
-	}
+	emu, ids := startEmulator(t, n, 50)
 	loadSite(t, fmt.Sprintf(`
 	lm_warden {
 		restart_detection on
@@ -85,13 +74,7 @@ func upAgain(t *testing.T, url string) {
 // expfmt.
 func modelCounter(t *testing.T, name, modelName, replica string, labels map[string]string) float64 {
 	t.Helper()
-	var text string
-	adminJSON(t, "/metrics", &text)
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := parser.TextToMetricFamilies(strings.NewReader(text))
-	if err != nil {
-		t.Fatalf("admin /metrics: %v", err)
-	}
+	fams := adminMetrics(t)
 	for _, m := range fams[name].GetMetric() {
 		got := map[string]string{}
 		for _, l := range m.GetLabel() {

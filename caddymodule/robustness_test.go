@@ -21,8 +21,6 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-
-	"github.com/lmwarden/caddy-lmwarden/emulator"
 )
 
 // robustPorts is the in-process Caddy's admin port for the tests in this
@@ -125,15 +123,7 @@ func (rs *robustSite) send(path, body string, hdr map[string]string) turnResult 
 // unmeasured: the usage chunk never came) and the conversation's next turn
 // is re-placed on the live replica, then sticks there.
 func TestReplicaDiesMidStream(t *testing.T) {
-	emu, err := emulator.NewServer(emulator.ServerConfig{Replicas: 2, Speed: 1, Model: "qwen3-4b"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = emu.Close() })
-	var dials []string
-	for _, u := range emu.URLs() {
-		dials = append(dials, strings.TrimPrefix(u, "http://"))
-	}
+	emu, dials := startEmulator(t, 2, 1)
 	rs := loadRobustSite(t, fmt.Sprintf(`
 	lm_warden
 	reverse_proxy %s {

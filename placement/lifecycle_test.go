@@ -17,17 +17,6 @@ func turn(t *testing.T, r *Router, key string, start uint64, now time.Time, prom
 	return d
 }
 
-func replicaSnap(t *testing.T, r *Router, id string) ReplicaSnapshot {
-	t.Helper()
-	for _, p := range r.Snapshot().Replicas {
-		if p.ID == id {
-			return p
-		}
-	}
-	t.Fatalf("no replica %s in the snapshot", id)
-	return ReplicaSnapshot{}
-}
-
 func TestLifecycleRules(t *testing.T) {
 	const a, b uint64 = 0xa, 0xb
 	tests := []struct {
@@ -109,7 +98,7 @@ func TestLifecycleRules(t *testing.T) {
 			if got.Replica != wantRep {
 				t.Fatalf("routed to %s, want %s", got.Replica, wantRep)
 			}
-			s := replicaSnap(t, r, wantRep)
+			s := replicaRow(t, r, wantRep)
 			switch tc.reason {
 			case ReasonRestarted:
 				if s.Restarted != 1 {
@@ -145,7 +134,7 @@ func TestNoFalseRestartOverManyTurns(t *testing.T) {
 		}
 		prompt += 300
 	}
-	s := replicaSnap(t, r, first.Replica)
+	s := replicaRow(t, r, first.Replica)
 	if s.Restarted != 0 || s.ColdMarked != 0 || s.MeasuredTurns != 50 {
 		t.Fatalf("restarted %d, cold %d, measured %d; want 0, 0, 50", s.Restarted, s.ColdMarked, s.MeasuredTurns)
 	}
@@ -191,7 +180,7 @@ func TestFeedbackAccounting(t *testing.T) {
 			if pred != tc.wantPredicted || cold != tc.wantCold {
 				t.Fatalf("Feedback = %d, %v; want %d, %v", pred, cold, tc.wantPredicted, tc.wantCold)
 			}
-			s := replicaSnap(t, r, "r0")
+			s := replicaRow(t, r, "r0")
 			if s.MeasuredTurns != tc.wantMeasured || s.PredictedTokens != uint64(tc.wantPredicted) || s.DeliveredTokens != tc.wantDeliv {
 				t.Fatalf("measured %d predicted %d delivered %d; want %d %d %d",
 					s.MeasuredTurns, s.PredictedTokens, s.DeliveredTokens, tc.wantMeasured, tc.wantPredicted, tc.wantDeliv)
@@ -258,7 +247,7 @@ func TestEnd(t *testing.T) {
 	if r.End("k", t0.Add(time.Second)) {
 		t.Fatal("second End reported a binding")
 	}
-	if s := replicaSnap(t, r, "r1"); s.Ended != 1 || s.Bindings != 0 {
+	if s := replicaRow(t, r, "r1"); s.Ended != 1 || s.Bindings != 0 {
 		t.Fatalf("Ended %d, Bindings %d; want 1, 0", s.Ended, s.Bindings)
 	}
 	// an expired binding is not ended
@@ -266,7 +255,7 @@ func TestEnd(t *testing.T) {
 	if r.End("old", t0.Add(2*DefaultIdleTTL)) {
 		t.Fatal("End of an expired binding reported one")
 	}
-	if s := replicaSnap(t, r, "r0"); s.Ended != 0 {
+	if s := replicaRow(t, r, "r0"); s.Ended != 0 {
 		t.Fatalf("expired binding counted as ended: %d", s.Ended)
 	}
 }

@@ -2,9 +2,9 @@ package placement
 
 const nilIdx int32 = -1
 
-const flagActive uint32 = 1
+const flagActive uint16 = 1
 
-// entry is one binding: 56 bytes. Links are indices into bindings.ents, so
+// entry is one binding: 64 bytes. Links are indices into bindings.ents, so
 // the garbage collector has no pointers to trace. The global list (gprev,
 // gnext) orders every binding by last use for TTL expiry and LRU eviction;
 // the replica list (rprev, rnext) orders a replica's bindings the same way
@@ -15,9 +15,18 @@ type entry struct {
 	gprev, gnext int32
 	rprev, rnext int32
 	rep          int32
-	flags        uint32
+	flags        uint16
+	busy         uint16 // its turns in flight, counted while admission tracks them
 	start        uint64 // fingerprint of the conversation's start; 0 = unknown
 	prompt       uint32 // prompt tokens of its last finished turn; 0 = none yet
+
+	// For working-set admission (admission.go): the conversation's context
+	// in tokens (the last finished turn's prompt + completion, or an
+	// estimate from its request while flagEstimated), the part of it its
+	// replica held already when it arrived there (the shared system
+	// prompt), and the longest pause between a turn's end and its next
+	// turn, in milliseconds (valid with flagGap).
+	ctx, shared, gap uint32
 }
 
 type bindings struct {
@@ -48,9 +57,9 @@ func (r *Router) lookup(h uint64, now int64) int32 {
 }
 
 // bind binds h to p, creating or moving the entry, and returns the replica
-// a live binding pointed to before when that was another one.
-func (r *Router) bind(h uint64, p *replica, now int64, start uint64) (previous string) {
-	if e := r.lookup(h, now); e != nilIdx {
+// a live binding pointed to before when that was another one, and the entry.
+func (r *Router) bind(h uint64, p *replica, now int64, start uint64) (previous string, e int32) {
+	if e = r.lookup(h, now); e != nilIdx {
 		en := &r.b.ents[e]
 		if q := r.reps[en.rep]; q != p {
 			previous = q.id
@@ -60,14 +69,14 @@ func (r *Router) bind(h uint64, p *replica, now int64, start uint64) (previous s
 		}
 		en.flags &^= flagCold
 		r.rebind(e, p, now)
-		return previous
+		return previous, e
 	}
-	r.insert(h, p, now, start)
-	return ""
+	return "", r.insert(h, p, now, start)
 }
 
-// insert adds a new binding, evicting the least recently used at MaxBindings.
-func (r *Router) insert(h uint64, p *replica, now int64, start uint64) {
+// insert adds a new binding, evicting the least recently used at
+// MaxBindings, and returns its entry.
+func (r *Router) insert(h uint64, p *replica, now int64, start uint64) int32 {
 	for r.b.n >= r.cfg.MaxBindings && r.b.gtail != nilIdx {
 		r.removeEntry(r.b.gtail)
 		r.evicted++
@@ -85,6 +94,7 @@ func (r *Router) insert(h uint64, p *replica, now int64, start uint64) {
 	r.b.n++
 	r.gpushFront(e)
 	r.rpushFront(p, e)
+	return e
 }
 
 // touch marks the entry used at now.

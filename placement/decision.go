@@ -3,6 +3,7 @@ package placement
 import (
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Decision is the outcome of Route: the replica, why, and the in-flight slot
@@ -21,7 +22,12 @@ type Decision struct {
 
 // Release gives the in-flight slot back. Only the first call, on any copy
 // of the Decision, has an effect; the zero Decision releases nothing.
-func (d Decision) Release() {
+func (d Decision) Release() { d.ReleaseAt(time.Time{}) }
+
+// ReleaseAt is Release for a request that ended at now: admission counts
+// its conversation's pause from then (zero = the latest time the Router
+// has seen).
+func (d Decision) ReleaseAt(now time.Time) {
 	s := d.s
 	if s == nil || d.tok == 0 {
 		return
@@ -32,6 +38,13 @@ func (d Decision) Release() {
 	p, r := s.rep, s.r
 	p.inflight.Add(-1)
 	r.inflight.Add(-1)
+	if s.ent != nilIdx {
+		var n int64
+		if !now.IsZero() {
+			n = now.UnixNano()
+		}
+		r.released(s, n)
+	}
 	r.slots.put(s)
 }
 
@@ -42,6 +55,12 @@ type slot struct {
 	rep  *replica
 	r    *Router
 	next *slot
+
+	// the conversation's entry whose turn it holds for admission (nilIdx
+	// = none), that entry's hash and the footprint counted (Router.hold)
+	ent  int32
+	hash uint64
+	fp   int64
 }
 
 const slotChunk = 64

@@ -57,7 +57,7 @@ const (
 // its next turn is placed anew (ReasonReplaced) even when the replica is
 // back by then, so a replica coming back gets conversations by load, not all
 // of its old ones at once.
-const flagReplace uint32 = 2
+const flagReplace uint16 = 2
 
 // out returns the causes p is out for at now (r.mu held).
 func (r *Router) out(p *replica) Cause {

@@ -6,7 +6,7 @@ import "time"
 // cache: the engine delivered far fewer cached tokens than the binding
 // predicted (Feedback), or the replica restarted (ColdReplica). Its next
 // turn is placed by load (ReasonColdReplaced).
-const flagCold uint32 = 4
+const flagCold uint16 = 4
 
 // DefaultBlockTokens is vLLM's default KV block size (--block-size 16).
 const DefaultBlockTokens = 16
@@ -18,6 +18,9 @@ type Turn struct {
 	Reason  Reason // why it was routed there (Decision.Reason)
 	Prompt  int    // prompt tokens of the turn
 	Cached  int    // of those, the ones the engine found in its prefix cache
+	// Completion is the tokens the engine generated for the turn; with
+	// Prompt it is the conversation's context, which admission counts.
+	Completion int
 }
 
 // Feedback records what the engine delivered for a finished turn and checks
@@ -64,6 +67,18 @@ func (r *Router) Feedback(t Turn) (predicted int, cold bool) {
 		}
 	}
 	en.prompt = uint32(min(t.Prompt, 1<<32-1))
+	// The conversation's context as the engine counted it; on its first
+	// turn on this replica, what it found cached there is the part it
+	// shares with the replica's other conversations (the system prompt).
+	if en.flags&flagEstimated != 0 {
+		r.lastFirst = t.Prompt
+	}
+	en.flags &^= flagEstimated
+	en.ctx = uint32(min(t.Prompt+max(t.Completion, 0), 1<<32-1))
+	if t.Reason != ReasonSticky && t.Reason != ReasonStayedOverloaded {
+		en.shared = uint32(min(t.Cached, t.Prompt))
+	}
+	r.noteTurn(footprint(en))
 	return predicted, cold
 }
 

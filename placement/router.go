@@ -54,6 +54,25 @@ type Config struct {
 	// without a success in between, up to MaxFailCooldown. Defaults 5s and
 	// 1m.
 	FailCooldown, MaxFailCooldown time.Duration
+
+	// Working-set admission (see the package doc, "Admission"); on unless
+	// AdmissionOff, in force while every replica's KV capacity is known.
+	AdmissionOff bool
+	// KVTokens, when positive, is every replica's KV capacity in tokens,
+	// overriding Load.KVTokens.
+	KVTokens int
+	// HighWater is the share of a replica's KV capacity its working set
+	// may fill with new conversations (default DefaultHighWater).
+	HighWater float64
+	// AdmitWindow is the longest a conversation counts in its replica's
+	// working set after its last turn ended (default DefaultAdmitWindow).
+	AdmitWindow time.Duration
+	// AdmitWait is how long a new conversation waits for room before it
+	// is admitted on the best replica anyway (default DefaultAdmitWait).
+	AdmitWait time.Duration
+	// AdmitQueue is the most conversations that may wait; beyond it Admit
+	// refuses new ones with ErrQueueFull (default DefaultAdmitQueue).
+	AdmitQueue int
 }
 
 func (c Config) withDefaults() Config {
@@ -84,6 +103,21 @@ func (c Config) withDefaults() Config {
 	if c.MaxFailCooldown < c.FailCooldown {
 		c.MaxFailCooldown = c.FailCooldown
 	}
+	if c.KVTokens < 0 {
+		c.KVTokens = 0
+	}
+	if c.HighWater <= 0 {
+		c.HighWater = DefaultHighWater
+	}
+	if c.AdmitWindow <= 0 {
+		c.AdmitWindow = DefaultAdmitWindow
+	}
+	if c.AdmitWait <= 0 {
+		c.AdmitWait = DefaultAdmitWait
+	}
+	if c.AdmitQueue <= 0 {
+		c.AdmitQueue = DefaultAdmitQueue
+	}
 	return c
 }
 
@@ -101,6 +135,10 @@ type Load struct {
 	KVUsage   float64   // KV cache in use, 0–1
 	Reachable bool      // the last poll succeeded; polled numbers are used only when true
 	Seen      time.Time // when these numbers were taken
+	// KVTokens is the engine's KV cache capacity in tokens (blocks ×
+	// block size), 0 when unknown. The last known capacity is kept while
+	// later polls do not report one.
+	KVTokens int
 
 	// WaitingUnknown and KVUnknown say the engine did not export that
 	// figure (its field above is then meaningless). An unknown figure is no
@@ -124,6 +162,10 @@ type Request struct {
 	// binding recorded with another start is a restarted conversation
 	// (compacted or cleared): it is placed anew by load (ReasonRestarted).
 	Start uint64
+	// Tokens estimates the request's prompt in tokens (e.g. from its
+	// body's size); 0 = unknown. Admission counts a conversation with it
+	// until the engine reports the context (Feedback).
+	Tokens int
 }
 
 // Reason says why a replica was chosen.
@@ -199,6 +241,10 @@ type replica struct {
 	measured, predicted, delivered             uint64 // sticky turns with a prediction, and their tokens
 
 	exclEpoch uint64 // equals Router.exclEpoch when excluded for the current request
+
+	kvCap  int   // KV capacity in tokens, last known (Load.KVTokens)
+	full   bool  // reached the high-water mark and not yet below the low-water mark
+	busyFP int64 // footprints of the conversations' turns in flight here (admission)
 }
 
 func (p *replica) running() int {
@@ -255,6 +301,16 @@ type Router struct {
 
 	inflight atomic.Int64
 	slots    slotPool
+
+	// working-set admission (admission.go)
+	admit                                                          bool // in force
+	queue                                                          []*Ticket
+	lastFirst                                                      int // context of the last first turn measured
+	queued, admittedAfterWait, admittedAtLimit, refused, cancelled uint64
+	waitedNanos                                                    uint64
+	turnFP                                                         [peakTurns]uint32 // footprints of recent turns, a ring
+	turnN                                                          int
+	peakFP                                                         int64 // peak(), -1 when to be computed
 }
 
 // NewRouter returns a Router with cfg (defaults filled) and no replicas.
@@ -272,6 +328,7 @@ func NewRouter(cfg Config) *Router {
 func (r *Router) setConfig(cfg Config) {
 	r.cfg = cfg.withDefaults()
 	r.threshold = r.cfg.threshold()
+	r.refreshAdmission()
 }
 
 // Reconfigure replaces the policy settings, keeping replicas, bindings and
@@ -307,6 +364,7 @@ func (r *Router) SpillThreshold() (n int, auto bool) {
 func (r *Router) SetAffinity(on bool) {
 	r.mu.Lock()
 	r.cfg.AffinityOff = !on
+	r.refreshAdmission()
 	r.mu.Unlock()
 }
 
@@ -362,6 +420,10 @@ func (r *Router) SetReplicas(ids []string) {
 	}
 	r.exclEpoch++
 	r.forgetGone()
+	r.refreshAdmission()
+	if len(r.queue) > 0 {
+		r.admitQueued(r.clock) // a replica may have joined
+	}
 }
 
 // forgetGone drops the replicas that have been absent for longer than
@@ -402,7 +464,12 @@ func (r *Router) SetAvailable(id string, ok bool) {
 func (r *Router) UpdateLoad(id string, l Load) {
 	r.mu.Lock()
 	if i, found := r.byID[id]; found {
-		r.reps[i].load = l
+		p := r.reps[i]
+		p.load = l
+		if l.KVTokens > 0 && l.KVTokens != p.kvCap {
+			p.kvCap = l.KVTokens
+			r.refreshAdmission()
+		}
 	}
 	r.mu.Unlock()
 }
@@ -455,8 +522,23 @@ func (r *Router) lenientPick(f func() *replica) *replica {
 
 // Route chooses the replica for one request and takes an in-flight slot on
 // it; call Release on the Decision when the request is done. It returns
-// ErrNoReplica when no replica is available.
+// ErrNoReplica when no replica is available. A new conversation that fits
+// no replica under admission is placed on the best one at once; Admit
+// queues it instead.
 func (r *Router) Route(req Request) (Decision, error) {
+	d, _, err := r.route(req, false)
+	return d, err
+}
+
+// Admit is Route with working-set admission's queue: a new conversation
+// that fits no replica (see the package doc, "Admission") gets a Ticket to
+// wait on instead of a Decision, or ErrQueueFull when AdmitQueue are
+// waiting already. Every other request is routed as by Route.
+func (r *Router) Admit(req Request) (Decision, *Ticket, error) {
+	return r.route(req, true)
+}
+
+func (r *Router) route(req Request, queue bool) (Decision, *Ticket, error) {
 	// the clock and the hashes need no lock
 	t := unixNanos(req.Now)
 	var h, parent uint64
@@ -483,19 +565,20 @@ func (r *Router) Route(req Request) (Decision, error) {
 		if i, ok := r.byID[req.Pin]; ok && r.usable(r.reps[i]) {
 			p := r.reps[i]
 			var prev string
+			e := nilIdx
 			if affinity {
-				prev = r.bind(h, p, now, req.Start)
+				prev, e = r.bind(h, p, now, req.Start)
 			}
 			p.pinned++
-			d := r.take(p, ReasonClientPinned)
+			d := r.take(p, ReasonClientPinned, e)
 			d.Previous = prev
-			return d, nil
+			return d, nil, nil
 		}
 	}
 	if !affinity {
 		p := r.lenientPick(r.leastQueued)
 		if p == nil {
-			return Decision{}, ErrNoReplica
+			return Decision{}, nil, ErrNoReplica
 		}
 		reason := ReasonNoKey
 		if r.cfg.AffinityOff {
@@ -504,74 +587,131 @@ func (r *Router) Route(req Request) (Decision, error) {
 		} else {
 			p.noKey++
 		}
-		return r.take(p, reason), nil
+		return r.take(p, reason, nilIdx), nil, nil
 	}
 
 	e := r.lookup(h, now)
 	if e == nilIdx {
-		// New conversation: parent's replica first, then by score.
-		var p *replica
-		if req.Parent != "" {
-			if pe := r.lookup(parent, now); pe != nilIdx {
-				if q := r.reps[r.b.ents[pe].rep]; r.usable(q) && q.running() <= r.threshold {
-					p = q
-				}
-			}
-		}
-		if p == nil {
-			p = r.lenientPick(func() *replica { return r.best(now, nil, false) })
-		}
-		if p == nil {
-			return Decision{}, ErrNoReplica
-		}
-		r.insert(h, p, now, req.Start)
-		p.placed++
-		return r.take(p, ReasonPlaced), nil
+		return r.placeNew(req, h, parent, now, queue)
 	}
 
 	bound := r.reps[r.b.ents[e].rep]
+	if r.admit {
+		r.arrive(e, req.Tokens, now)
+	}
 	if en := &r.b.ents[e]; req.Start != 0 && en.start != req.Start {
 		if en.start != 0 {
 			// Same key, another start: the conversation was compacted or
 			// cleared; its old prefix buys nothing, so it is placed by load.
 			en.start, en.prompt = req.Start, 0
-			return r.replace(e, bound, now, ReasonRestarted)
+			d, err := r.replace(e, bound, now, ReasonRestarted)
+			return d, nil, err
 		}
 		en.start = req.Start
 	}
 	if r.b.ents[e].flags&flagCold != 0 && r.usable(bound) && r.b.ents[e].flags&flagReplace == 0 {
 		// The engine reported the conversation's cache gone: staying buys
 		// nothing, so it is placed by load.
-		return r.replace(e, bound, now, ReasonColdReplaced)
+		d, err := r.replace(e, bound, now, ReasonColdReplaced)
+		return d, nil, err
 	}
 	if !r.usable(bound) || r.b.ents[e].flags&flagReplace != 0 {
 		// removed, unavailable, excluded, out for a failure, or out since
 		// this conversation's last turn: placed anew by load
-		return r.replace(e, bound, now, ReasonReplaced)
+		d, err := r.replace(e, bound, now, ReasonReplaced)
+		return d, nil, err
 	}
 	r.keyed++
 	if bound.running() > r.threshold {
-		if p := r.best(now, bound, true); p != nil {
-			return r.spill(e, bound, p, now), nil
+		if p := r.spillTarget(e, bound, now, func(q *replica) bool { return q.running() <= r.threshold }); p != nil {
+			return r.spill(e, bound, p, now), nil, nil
 		}
 		bound.stayed++
-		return r.stay(e, bound, now, ReasonStayedOverloaded), nil
+		return r.stay(e, bound, now, ReasonStayedOverloaded), nil, nil
 	}
 	if k := r.cfg.SpillWaiting; k > 0 && bound.waitingKnown() && bound.waiting() >= k {
-		if p := r.bestWith(now, func(q *replica) bool {
-			return q != bound && q.waitingKnown() && q.waiting() == 0 && q.running() <= r.threshold
+		if p := r.spillTarget(e, bound, now, func(q *replica) bool {
+			return q.waitingKnown() && q.waiting() == 0 && q.running() <= r.threshold
 		}); p != nil {
-			return r.spill(e, bound, p, now), nil
+			return r.spill(e, bound, p, now), nil, nil
 		}
 	}
-	return r.stay(e, bound, now, ReasonSticky), nil
+	return r.stay(e, bound, now, ReasonSticky), nil, nil
+}
+
+// placeNew places a new conversation (rule 6): its parent's replica when
+// that can take it, else the best replica; under admission only where it
+// fits, and when it fits nowhere it waits (queue) or goes to the best
+// replica anyway. A sub-agent never waits: its parent was admitted.
+func (r *Router) placeNew(req Request, h, parent uint64, now int64, queue bool) (Decision, *Ticket, error) {
+	var est int64
+	if r.admit {
+		est = r.estimate(req.Tokens)
+	}
+	var p *replica
+	sub := false
+	if req.Parent != "" {
+		if pe := r.lookup(parent, now); pe != nilIdx {
+			sub = true
+			if q := r.reps[r.b.ents[pe].rep]; r.usable(q) && q.running() <= r.threshold && (!r.admit || r.fits(q, est, now)) {
+				p = q
+			}
+		}
+	}
+	if p == nil && r.admit {
+		if queue && !sub && len(r.queue) > 0 {
+			// earlier arrivals wait: this one queues behind them
+			return r.queueNew(req, h, parent, est, now)
+		}
+		if p = r.bestFit(now, est, nil); p != nil && !r.fits(p, est, now) {
+			p = nil // only out-of-placement replicas are left: judged below
+		}
+		if p == nil && queue && !sub && r.anyUsable() {
+			return r.queueNew(req, h, parent, est, now)
+		}
+	}
+	if p == nil {
+		p = r.lenientPick(func() *replica { return r.best(now, nil, false) })
+	}
+	if p == nil {
+		return Decision{}, nil, ErrNoReplica
+	}
+	e := r.insert(h, p, now, req.Start)
+	if r.admit {
+		r.estimated(e, est)
+	}
+	p.placed++
+	return r.take(p, ReasonPlaced, e), nil, nil
+}
+
+// anyUsable reports whether some replica can be chosen, counting those out
+// only for poll failures or proxy errors (lenientPick). r.mu held.
+func (r *Router) anyUsable() bool {
+	return r.lenientPick(func() *replica {
+		for _, i := range r.order {
+			if p := r.reps[i]; r.usable(p) {
+				return p
+			}
+		}
+		return nil
+	}) != nil
+}
+
+// spillTarget returns the best replica other than from that ok accepts and,
+// under admission, on which the conversation of entry e fits. r.mu held.
+func (r *Router) spillTarget(e int32, from *replica, now int64, ok func(*replica) bool) *replica {
+	if !r.admit {
+		return r.bestWith(now, func(q *replica) bool { return q != from && ok(q) })
+	}
+	fp := footprint(&r.b.ents[e])
+	return r.bestWith(now, func(q *replica) bool { return q != from && ok(q) && r.fits(q, fp, now) })
 }
 
 // spill moves the conversation of entry e from its replica to p.
 func (r *Router) spill(e int32, from, p *replica, now int64) Decision {
 	r.rebind(e, p, now)
 	p.spill++
-	d := r.take(p, ReasonSpilled)
+	d := r.take(p, ReasonSpilled, e)
 	d.Previous = from.id
 	return d
 }
@@ -582,7 +722,15 @@ func (r *Router) spill(e int32, from, p *replica, now int64) Decision {
 // started over). The binding's replace and cold marks are cleared. A
 // restarted conversation is new, so it does not count as keyed.
 func (r *Router) replace(e int32, from *replica, now int64, reason Reason) (Decision, error) {
-	p := r.lenientPick(func() *replica { return r.best(now, nil, false) })
+	var p *replica
+	if r.admit {
+		// where it fits first: it never waits, but it should not push a
+		// replica over its mark when another has room
+		p = r.bestFit(now, r.projected(&r.b.ents[e]), nil)
+	}
+	if p == nil {
+		p = r.lenientPick(func() *replica { return r.best(now, nil, false) })
+	}
 	if p == nil {
 		return Decision{}, ErrNoReplica
 	}
@@ -598,7 +746,7 @@ func (r *Router) replace(e int32, from *replica, now int64, reason Reason) (Deci
 		r.keyed++
 		p.replaced++
 	}
-	d := r.take(p, reason)
+	d := r.take(p, reason, e)
 	if p != from {
 		d.Previous = from.id
 	}
@@ -610,17 +758,19 @@ func (r *Router) stay(e int32, p *replica, now int64, reason Reason) Decision {
 	r.touch(e, now)
 	r.sticky++
 	p.sticky++
-	return r.take(p, reason)
+	return r.take(p, reason, e)
 }
 
 func (r *Router) hash(key string) uint64 { return maphash.String(r.seed, key) }
 
-// take counts the request and holds an in-flight slot on p.
-func (r *Router) take(p *replica, reason Reason) Decision {
+// take counts the request and holds an in-flight slot on p for the
+// conversation of entry e (nilIdx = none).
+func (r *Router) take(p *replica, reason Reason, e int32) Decision {
 	r.requests++
 	p.inflight.Add(1)
 	r.inflight.Add(1)
 	s, tok := r.slots.get(p, r)
+	r.hold(p, e, s)
 	return Decision{Replica: p.id, Reason: reason, s: s, tok: tok}
 }
 
@@ -788,6 +938,7 @@ type Snapshot struct {
 	Evicted        uint64            // bindings removed as least recently used at MaxBindings
 	Since          time.Time         // when the counters started
 	Replicas       []ReplicaSnapshot // present replicas, sorted by ID
+	Admission      AdmissionSnapshot
 }
 
 // ReplicaSnapshot is one replica's row of the routing card.
@@ -822,6 +973,12 @@ type ReplicaSnapshot struct {
 	Bindings int // conversations currently bound here
 	Active   int // of those, used within ActiveWindow
 	Load     Load
+
+	// Admission: the resident working set and the KV capacity in tokens
+	// (0 when unknown), and whether the replica reached its high-water
+	// mark and takes no new conversation until below the low-water mark.
+	WorkingSet, Capacity int64
+	Full                 bool
 }
 
 // DeliveredShare is DeliveredTokens / PredictedTokens; 0 when nothing was
@@ -852,6 +1009,7 @@ func (r *Router) Snapshot() Snapshot {
 		Evicted:        r.evicted,
 		Since:          r.since,
 		Replicas:       make([]ReplicaSnapshot, 0, len(r.order)),
+		Admission:      r.admissionSnapshot(),
 	}
 	if r.keyed > 0 {
 		s.StickyShare = float64(r.sticky) / float64(r.keyed)
@@ -873,7 +1031,10 @@ func (r *Router) Snapshot() Snapshot {
 			Restarted: p.restarted, ColdReplaced: p.coldReplaced, ColdMarked: p.coldMarked, Ended: p.ended,
 			MeasuredTurns: p.measured, PredictedTokens: p.predicted, DeliveredTokens: p.delivered,
 			Bindings: p.bindings, Active: p.active, Load: p.load,
+			WorkingSet: r.workingSet(p, r.clock), Capacity: r.capacity(p), Full: p.full,
 		})
+		s.Admission.WorkingSetTokens += s.Replicas[len(s.Replicas)-1].WorkingSet
+		s.Admission.CapacityTokens += r.capacity(p)
 	}
 	slices.SortFunc(s.Replicas, func(a, b ReplicaSnapshot) int {
 		switch {

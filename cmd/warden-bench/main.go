@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/lmwarden/caddy-lmwarden/emulator"
+	"github.com/lmwarden/caddy-lmwarden/placement"
 	"github.com/lmwarden/caddy-lmwarden/tools/bench"
 	"github.com/lmwarden/caddy-lmwarden/tools/bench/demo"
 )
@@ -247,6 +248,9 @@ func runSim(args []string) error {
 	fs.BoolVar(&cfg.Engine.CountEveryLookup, "count-every-lookup", cfg.Engine.CountEveryLookup, "count a prefix cache lookup at every admission attempt, as vLLM did before PR 48860")
 	fs.IntVar(&cfg.Placement.SpillThreshold, "spill-threshold", 0, "LM Warden spill threshold (0: auto = max_num_seqs/4)")
 	fs.IntVar(&cfg.Placement.SpillWaiting, "spill-waiting", 0, "also spill from a replica with at least this many requests waiting (0: off)")
+	fs.Float64Var(&cfg.Placement.HighWater, "admit-high-water", placement.DefaultHighWater, "admit mode: share of a replica's KV capacity new conversations may fill")
+	fs.DurationVar(&cfg.Placement.AdmitWindow, "admit-window", placement.DefaultAdmitWindow, "admit mode: longest a conversation counts in its replica's working set after its last turn, engine time")
+	fs.DurationVar(&cfg.Placement.AdmitWait, "admit-wait", placement.DefaultAdmitWait, "admit mode: longest a new conversation waits for room, engine time")
 	fs.DurationVar(&cfg.DPStatsInterval, "dp-stats-interval", emulator.DefaultDPStatsInterval, "vllm-dp: how often vLLM's coordinator publishes the engines' counts, engine time")
 	fs.IntVar(&cfg.DPAPIServers, "dp-api-servers", 0, "vllm-dp: vLLM API server processes, each balancing on its own (0: one per replica, vLLM's default)")
 	fs.BoolVar(&cfg.DPRotate, "dp-rotate", false, "vllm-dp: rotate the balancer's tie-break after every pick (vLLM from PR 47420 on) instead of ties to the lowest engine")

@@ -9,10 +9,13 @@ import (
 // TurnRecord is what the client saw of one turn. Times are offsets from the
 // start of the run on the engine's clock.
 type TurnRecord struct {
-	Session    int // serial of the session
-	Turn       int // 0-based
-	LastTurn   bool
-	Start      time.Duration
+	Session  int // serial of the session
+	Turn     int // 0-based
+	LastTurn bool
+	Start    time.Duration
+	// Routed is when the router sent the request on, after it waited for
+	// admission; 0 when it did not wait (Start).
+	Routed     time.Duration
 	FirstToken time.Duration // 0 when no content token arrived
 	End        time.Duration
 	Output     int    // output tokens received (usage when reported, else counted)
@@ -70,6 +73,28 @@ type Stage struct {
 	// ErrorsBeforeFirstToken are the errors of turns that failed before
 	// their first token (the others broke mid-stream).
 	ErrorsBeforeFirstToken int `json:"errors_before_first_token"`
+
+	// TTFB of sessions' first turns and of their later turns apart, the
+	// time first turns waited at the router for admission, and the
+	// sessions' completion time (first request sent to last answer) for
+	// those that started and finished inside the run, ending in the window.
+	TTFBFirstP50S   float64 `json:"ttfb_first_p50_s"`
+	TTFBFirstP95S   float64 `json:"ttfb_first_p95_s"`
+	TTFBLaterP50S   float64 `json:"ttfb_later_p50_s"`
+	TTFBLaterP95S   float64 `json:"ttfb_later_p95_s"`
+	WaitFirstP50S   float64 `json:"wait_first_p50_s"`
+	WaitFirstP95S   float64 `json:"wait_first_p95_s"`
+	CompletionP50S  float64 `json:"completion_p50_s"`
+	CompletionP95S  float64 `json:"completion_p95_s"`
+	CompletedCounts int     `json:"completed_sessions"`
+}
+
+// waited is how long the turn waited at the router.
+func (t TurnRecord) waited() time.Duration {
+	if t.Routed <= t.Start {
+		return 0
+	}
+	return t.Routed - t.Start
 }
 
 // Measure computes a stage's numbers from the turns and polls of a run,
@@ -88,13 +113,31 @@ func Measure(turns []TurnRecord, polls []Poll, w Window) Stage {
 		return ordered[i].Turn < ordered[j].Turn
 	})
 	var (
-		ttfb                []float64
-		outTokens, finished int
-		stayedN, stayedOf   int
+		ttfb, first, later, wait []float64
+		completion               []float64
+		outTokens, finished      int
+		stayedN, stayedOf        int
+		sessStart                = map[int]time.Duration{} // sessions whose first turn was seen, without errors
 	)
 	for i, t := range ordered {
+		// a session's first request in the run (a session the run started
+		// part-way through its turns begins at a later turn)
+		firstReq := i == 0 || ordered[i-1].Session != t.Session
 		if t.FirstToken > 0 && !t.Err && w.contains(t.FirstToken) {
-			ttfb = append(ttfb, (t.FirstToken - t.Start).Seconds())
+			v := (t.FirstToken - t.Start).Seconds()
+			ttfb = append(ttfb, v)
+			if firstReq {
+				first = append(first, v)
+				wait = append(wait, t.waited().Seconds())
+			} else {
+				later = append(later, v)
+			}
+		}
+		if t.Turn == 0 && !t.Err && !t.Aborted {
+			sessStart[t.Session] = t.Start
+		}
+		if t.Err {
+			delete(sessStart, t.Session)
 		}
 		if t.Aborted || !w.contains(t.End) {
 			continue
@@ -110,6 +153,9 @@ func Measure(turns []TurnRecord, polls []Poll, w Window) Stage {
 		outTokens += t.Output
 		if t.LastTurn {
 			finished++
+			if s0, ok := sessStart[t.Session]; ok {
+				completion = append(completion, (t.End - s0).Seconds())
+			}
 		}
 		if t.Turn > 0 && t.Replica != "" && i > 0 {
 			prev := ordered[i-1]
@@ -126,6 +172,14 @@ func Measure(turns []TurnRecord, polls []Poll, w Window) Stage {
 	sort.Float64s(ttfb)
 	st.TTFBP50S = Percentile(ttfb, 0.50)
 	st.TTFBP95S = Percentile(ttfb, 0.95)
+	for _, v := range [][]float64{first, later, wait, completion} {
+		sort.Float64s(v)
+	}
+	st.TTFBFirstP50S, st.TTFBFirstP95S = Percentile(first, 0.50), Percentile(first, 0.95)
+	st.TTFBLaterP50S, st.TTFBLaterP95S = Percentile(later, 0.50), Percentile(later, 0.95)
+	st.WaitFirstP50S, st.WaitFirstP95S = Percentile(wait, 0.50), Percentile(wait, 0.95)
+	st.CompletionP50S, st.CompletionP95S = Percentile(completion, 0.50), Percentile(completion, 0.95)
+	st.CompletedCounts = len(completion)
 	if stayedOf > 0 {
 		st.StayedPct = 100 * float64(stayedN) / float64(stayedOf)
 	}

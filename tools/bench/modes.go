@@ -7,17 +7,20 @@ package bench
 // ModeOff and ModeOn are LM Warden's policy with affinity off (its own
 // least-loaded pick) and on; ModeLifecycle is affinity on with the
 // conversation lifecycle checks (start fingerprint, delivered-hit feedback,
-// counter resets marking a replica's bindings cold; the sim only). The
-// others are Caddy's own selection policies.
+// counter resets marking a replica's bindings cold; the sim only);
+// ModeAdmit is affinity on with working-set admission (new conversations
+// wait at the router while they fit no replica's KV cache). The others are
+// Caddy's own selection policies.
 const (
 	ModeVLLMDP     = "vllm-dp"
 	ModeOff        = "off"
 	ModeOn         = "on"
 	ModeLifecycle  = "lifecycle"
+	ModeAdmit      = "admit" // affinity on with working-set admission
 	ModeLeastConn  = "least_conn"
 	ModeRoundRobin = "round_robin"
 	ModeHeader     = "header" // rendezvous hash of X-Claude-Code-Session-Id
 )
 
 // CompareModes are the modes of --compare, in the order they run.
-var CompareModes = []string{ModeVLLMDP, ModeOff, ModeOn, ModeLifecycle, ModeLeastConn, ModeRoundRobin, ModeHeader}
+var CompareModes = []string{ModeVLLMDP, ModeOff, ModeOn, ModeAdmit, ModeLifecycle, ModeLeastConn, ModeRoundRobin, ModeHeader}

@@ -131,8 +131,34 @@ func (r *Report) WriteTable(w io.Writer) error {
 			}
 		}
 	}
+	r.writeTurnTable(&b)
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// writeTurnTable adds the figures that tell first turns from later ones:
+// TTFB of each, the first turns' wait at the router (admission), and the
+// conversations' completion time (first request sent to last answer).
+func (r *Report) writeTurnTable(b *strings.Builder) {
+	if len(r.Stages) == 0 {
+		return
+	}
+	if b.Len() > 0 {
+		b.WriteString("\n")
+	}
+	b.WriteString("| Sessions | Mode | TTFB first turn p50 / p95 (s) | TTFB later turns p50 / p95 (s) | Router wait, first turn p50 / p95 (s) | Completion p50 / p95 (s) | Completed |\n")
+	b.WriteString("|---|---|---|---|---|---|---|\n")
+	for _, n := range r.SessionCounts() {
+		for _, m := range r.Modes() {
+			s, ok := r.Find(m, n)
+			if !ok {
+				continue
+			}
+			fmt.Fprintf(b, "| %d | %s | %s / %s | %s / %s | %s / %s | %s / %s | %d |\n", n, s.Mode,
+				fsec(s.TTFBFirstP50S), fsec(s.TTFBFirstP95S), fsec(s.TTFBLaterP50S), fsec(s.TTFBLaterP95S),
+				fsec(s.WaitFirstP50S), fsec(s.WaitFirstP95S), fsec(s.CompletionP50S), fsec(s.CompletionP95S), s.CompletedCounts)
+		}
+	}
 }
 
 func fnum(v float64, decimals int) string {

@@ -81,7 +81,7 @@ type simTurn struct {
 	slot    *simSlot
 	req     *emulator.EngineRequest
 	rep     int
-	release func()
+	release func(time.Time)
 	reason  placement.Reason
 	histLen int // the slot's history before this turn's user message
 	rec     TurnRecord
@@ -89,12 +89,22 @@ type simTurn struct {
 
 type simSlot struct {
 	sendAt time.Duration // when the next turn is due (think time); -1 when none
-	sess   *Session
-	hist   []uint32 // prompt tokens of the turns so far, answers included
-	cur    *simTurn
-	start  uint64 // fingerprint of the conversation's current start
+	// waiting: its turn is queued for admission (the admit mode)
+	waiting *simWait
+	sess    *Session
+	hist    []uint32 // prompt tokens of the turns so far, answers included
+	cur     *simTurn
+	start   uint64 // fingerprint of the conversation's current start
 	// compacted: the session already replaced its history by a summary
 	compacted bool
+}
+
+// simWait is a turn held at the router for admission.
+type simWait struct {
+	ticket  *placement.Ticket
+	sent    time.Duration // when the client sent it
+	histLen int
+	prompt  []uint32
 }
 
 type simEngine struct {
@@ -182,6 +192,7 @@ func Sim(cfg SimConfig) (*Report, error) {
 	s.cfg.DPAPIServers = cfg.DPAPIServers
 	s.dp = emulator.NewDPBalancerClients(cfg.Replicas, cfg.DPAPIServers)
 	s.dp.Rotate = cfg.DPRotate
+	pc.AdmissionOff = true // on in the admit mode only
 	s.router = placement.NewRouter(pc)
 	s.router.SetReplicas(ids)
 	for _, id := range ids {
@@ -216,8 +227,11 @@ func validMode(m string) bool {
 
 func (s *simulator) stage(mode string, n int) (Stage, error) {
 	s.mode = mode
-	if mode == ModeOff || mode == ModeOn || mode == ModeLifecycle {
-		s.router.SetAffinity(mode != ModeOff)
+	if PolicyOf(mode) == "lm_warden" {
+		c := s.router.Config()
+		c.AffinityOff = mode == ModeOff
+		c.AdmissionOff = mode != ModeAdmit
+		s.router.Reconfigure(c)
 	}
 	first := len(s.turns)
 	start := s.now
@@ -270,11 +284,16 @@ func (s *simulator) stage(mode string, n int) (Stage, error) {
 			s.now = slots[due].sendAt
 			slots[due].sendAt = -1
 			s.send(slots[due])
+			s.admitted(slots)
 			continue
 		}
 		if nextPoll < next || (nextPoll == next && which < 0) {
 			s.now = nextPoll
 			s.poll()
+			if mode == ModeAdmit {
+				s.router.AdmitWaiting(simEpoch.Add(s.now))
+				s.admitted(slots)
+			}
 			s.detailPoll()
 			nextPoll += s.cfg.PollInterval
 			continue
@@ -287,15 +306,29 @@ func (s *simulator) stage(mode string, n int) (Stage, error) {
 			break
 		}
 		s.finishStep(which)
+		s.admitted(slots)
 	}
 	// Stage end: the clients go away; their requests are aborted.
 	s.stopped = true
 	for _, sl := range slots {
+		if wt := sl.waiting; wt != nil {
+			// the client leaves the queue
+			if !wt.ticket.Cancel() {
+				if d, err := wt.ticket.Decision(); err == nil {
+					d.Release()
+				}
+			}
+			sl.waiting = nil
+		}
 		if t := sl.cur; t != nil {
 			s.engines[t.rep].e.Abort(t.req)
 			s.done(t)
 			sl.cur = nil
 		}
+		// The sessions end with their clients: the next stage's users
+		// are new, and the router is told so (as by X-Session-End), so
+		// these do not count as active conversations there.
+		s.router.End(sl.sess.ID, simEpoch.Add(s.now))
 	}
 	s.detailEnd()
 	st := Measure(s.turns[first:], s.polls, w)
@@ -307,7 +340,7 @@ func (s *simulator) stage(mode string, n int) (Stage, error) {
 // PolicyOf names the router behind a mode in reports: lm_warden for affinity
 // off and on, vllm_dp for vLLM's own balancer, else the Caddy policy.
 func PolicyOf(mode string) string {
-	if mode == ModeOff || mode == ModeOn || mode == ModeLifecycle {
+	if mode == ModeOff || mode == ModeOn || mode == ModeLifecycle || mode == ModeAdmit {
 		return "lm_warden"
 	}
 	if mode == ModeVLLMDP {
@@ -356,12 +389,15 @@ func (s *simulator) finishStep(i int) {
 		case emulator.EventFinished:
 			t.rec.End = s.now
 			t.rec.Output = len(t.req.Output)
-			if s.mode == ModeLifecycle {
+			if s.mode == ModeLifecycle || s.mode == ModeAdmit {
 				// What the Caddy module does with the usage of every
-				// finished turn.
-				s.router.Feedback(placement.Turn{Key: t.slot.sess.ID, Replica: e.id, Reason: t.reason, Prompt: len(t.req.Prompt), Cached: t.req.CachedTokens})
+				// finished turn, after it released the turn's slot.
+				s.done(t)
+				s.router.Feedback(placement.Turn{Key: t.slot.sess.ID, Replica: e.id, Reason: t.reason,
+					Prompt: len(t.req.Prompt), Cached: t.req.CachedTokens, Completion: len(t.req.Output)})
+			} else {
+				s.done(t)
 			}
-			s.done(t)
 			sl := t.slot
 			sl.cur = nil
 			sl.hist = append(append(append(sl.hist, s.genTok...), t.req.Output...), s.endTok...)
@@ -387,7 +423,7 @@ func (s *simulator) done(t *simTurn) {
 		t.rec.End, t.rec.Aborted = s.now, true // the stage ended first
 	}
 	s.turns = append(s.turns, t.rec)
-	t.release()
+	t.release(simEpoch.Add(s.now))
 	s.engines[t.rep].inflight--
 }
 
@@ -422,9 +458,53 @@ func (s *simulator) send(sl *simSlot) {
 	histLen := len(sl.hist)
 	sl.hist = emulator.AppendTokens(sl.hist, emulator.RenderMessage("user", sess.Messages[turn]))
 	prompt := append(append(make([]uint32, 0, len(sl.hist)+len(s.genTok)), sl.hist...), s.genTok...)
-	rep, reason, release := s.route(sess.ID, sl.start)
+	if s.mode == ModeAdmit {
+		d, tk, err := s.router.Admit(placement.Request{Key: sess.ID, Tokens: len(prompt), Now: simEpoch.Add(s.now)})
+		switch {
+		case err != nil:
+			panic(fmt.Sprintf("sim: router refused a turn: %v", err)) // the queue limit is above any stage's sessions
+		case tk != nil:
+			sl.waiting = &simWait{ticket: tk, sent: s.now, histLen: histLen, prompt: prompt}
+			return
+		}
+		s.dispatch(sl, prompt, histLen, s.now, s.byID[d.Replica], d.Reason, d.ReleaseAt)
+		return
+	}
+	rep, reason, release := s.route(sess.ID, sl.start, len(prompt))
+	s.dispatch(sl, prompt, histLen, s.now, rep, reason, release)
+}
+
+// admitted sends the turns the router admitted since the last event, in
+// the order they queued.
+func (s *simulator) admitted(slots []*simSlot) {
+	for _, sl := range slots {
+		wt := sl.waiting
+		if wt == nil {
+			continue
+		}
+		select {
+		case <-wt.ticket.Ready():
+		default:
+			continue
+		}
+		sl.waiting = nil
+		d, err := wt.ticket.Decision()
+		if err != nil {
+			panic(fmt.Sprintf("sim: router has no replica: %v", err))
+		}
+		s.dispatch(sl, wt.prompt, wt.histLen, wt.sent, s.byID[d.Replica], d.Reason, d.ReleaseAt)
+	}
+}
+
+// dispatch adds the slot's turn, sent by the client at sent, to engine rep.
+func (s *simulator) dispatch(sl *simSlot, prompt []uint32, histLen int, sent time.Duration, rep int, reason placement.Reason, release func(time.Time)) {
+	sess := sl.sess
+	turn := sess.Turn()
 	t := &simTurn{slot: sl, rep: rep, release: release, reason: reason, histLen: histLen}
-	t.rec = TurnRecord{Session: sess.Serial, Turn: turn, LastTurn: turn == sess.Turns()-1, Start: s.now, Replica: s.engines[rep].id}
+	t.rec = TurnRecord{Session: sess.Serial, Turn: turn, LastTurn: turn == sess.Turns()-1, Start: sent, Replica: s.engines[rep].id}
+	if sent != s.now {
+		t.rec.Routed = s.now
+	}
 	t.req = &emulator.EngineRequest{ID: fmt.Sprintf("%s-%d", sess.ID, turn), Prompt: prompt, MaxTokens: sess.OutputTokens, Data: t}
 	s.engines[rep].inflight++
 	e := s.engines[rep].e
@@ -434,7 +514,7 @@ func (s *simulator) send(sl *simSlot) {
 		// session is replaced.
 		t.rec.End, t.rec.Err = s.now, true
 		s.turns = append(s.turns, t.rec)
-		release()
+		release(simEpoch.Add(s.now))
 		s.engines[rep].inflight--
 		if !s.stopped {
 			s.newSession(sl, 0)
@@ -444,11 +524,13 @@ func (s *simulator) send(sl *simSlot) {
 	sl.cur = t
 }
 
+func noRelease(time.Time) {}
+
 // route picks the replica for one turn under the current mode.
-func (s *simulator) route(key string, start uint64) (int, placement.Reason, func()) {
+func (s *simulator) route(key string, start uint64, tokens int) (int, placement.Reason, func(time.Time)) {
 	switch s.mode {
 	case ModeVLLMDP:
-		return s.dp.PickBy(s.rng.IntN(s.dp.Clients())), 0, func() {}
+		return s.dp.PickBy(s.rng.IntN(s.dp.Clients())), 0, noRelease
 	case ModeLeastConn:
 		best, n := -1, 0
 		for i, e := range s.engines {
@@ -462,10 +544,10 @@ func (s *simulator) route(key string, start uint64) (int, placement.Reason, func
 				}
 			}
 		}
-		return best, 0, func() {}
+		return best, 0, noRelease
 	case ModeRoundRobin:
 		s.robin++
-		return int(s.robin % uint32(len(s.engines))), 0, func() {}
+		return int(s.robin % uint32(len(s.engines))), 0, noRelease
 	case ModeHeader:
 		best, hi := 0, uint64(0)
 		for i, e := range s.engines {
@@ -473,16 +555,16 @@ func (s *simulator) route(key string, start uint64) (int, placement.Reason, func
 				best, hi = i, h
 			}
 		}
-		return best, 0, func() {}
+		return best, 0, noRelease
 	}
 	if s.mode != ModeLifecycle {
 		start = 0 // LM Warden without the lifecycle checks
 	}
-	d, err := s.router.Route(placement.Request{Key: key, Start: start, Now: simEpoch.Add(s.now)})
+	d, err := s.router.Route(placement.Request{Key: key, Start: start, Tokens: tokens, Now: simEpoch.Add(s.now)})
 	if err != nil {
 		panic(fmt.Sprintf("sim: router has no replica: %v", err)) // every replica is always available here
 	}
-	return s.byID[d.Replica], d.Reason, d.Release
+	return s.byID[d.Replica], d.Reason, d.ReleaseAt
 }
 
 // restart resets replica i's engine, as a vLLM restart: its queues, prefix
@@ -520,7 +602,8 @@ func (s *simulator) poll() {
 			s.router.ColdReplica(e.id)
 		}
 		p.Replicas[e.id] = ReplicaCounters{Running: float64(e.e.Running()), Hits: float64(st.PrefixHits), Queries: float64(st.PrefixQueries)}
-		s.router.UpdateLoad(e.id, placement.Load{Running: e.e.Running(), Waiting: e.e.Waiting(), KVUsage: e.e.KVUsage(), Reachable: true, Seen: simEpoch.Add(s.now)})
+		s.router.UpdateLoad(e.id, placement.Load{Running: e.e.Running(), Waiting: e.e.Waiting(), KVUsage: e.e.KVUsage(), Reachable: true, Seen: simEpoch.Add(s.now),
+			KVTokens: s.cfg.Engine.NumGPUBlocks * s.cfg.Engine.BlockSize})
 	}
 	s.polls = append(s.polls, p)
 }

@@ -1,0 +1,559 @@
+package placement
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+)
+
+// Defaults of working-set admission (see the package doc, "Admission").
+// They were chosen from a sweep of the simulation: docs/admission.md in the
+// repository has the table.
+const (
+	DefaultHighWater   = 1.0
+	DefaultAdmitWindow = time.Minute
+	DefaultAdmitWait   = 5 * time.Minute
+	DefaultAdmitQueue  = 1024
+	// AdmitHysteresis is how far below the high-water mark a replica's
+	// working set must fall, once it reached the mark, before the replica
+	// takes new conversations again (a fraction of its capacity).
+	AdmitHysteresis = 0.1
+	// MinResident is the shortest time a conversation counts in its
+	// replica's working set after its last turn ended.
+	MinResident = 2 * time.Second
+	// residentGaps: a conversation whose pauses between turns are known
+	// counts for this many times its longest pause after a turn ends.
+	residentGaps = 2
+	// peakQuantile of the recent turns' footprints is what a conversation
+	// is assumed to grow to (see Router.peak).
+	peakQuantile = 0.9
+	peakTurns    = 128 // recent turns kept for it
+)
+
+// ErrQueueFull is returned by Admit when a new conversation fits no replica
+// and Config.AdmitQueue conversations are waiting already.
+var ErrQueueFull = errors.New("placement: admission queue is full")
+
+const (
+	// flagIdle: the conversation's last turn has ended (its entry's last is
+	// then that end), so its next turn measures a pause.
+	flagIdle uint16 = 8
+	// flagGap: gap holds a measured pause.
+	flagGap uint16 = 16
+	// flagEstimated: ctx is an estimate from the request, not the
+	// engine's count.
+	flagEstimated uint16 = 32
+)
+
+// admissionReason reports whether admission is configured on and in force
+// (every present replica's KV capacity is known), and why not. r.mu held.
+func (r *Router) admissionReason() (active bool, why string) {
+	switch {
+	case r.cfg.AdmissionOff:
+		return false, "admission is off"
+	case r.cfg.AffinityOff:
+		return false, "affinity is off"
+	case len(r.order) == 0:
+		return false, "no replicas"
+	}
+	for _, i := range r.order {
+		if p := r.reps[i]; r.capacity(p) <= 0 {
+			return false, fmt.Sprintf("the KV capacity of replica %s is unknown (no vllm:cache_config_info); set kv_tokens", p.id)
+		}
+	}
+	return true, ""
+}
+
+// refreshAdmission recomputes whether admission is in force; when it no
+// longer is, every waiting conversation is admitted at once. r.mu held.
+func (r *Router) refreshAdmission() {
+	r.admit, _ = r.admissionReason()
+	if !r.admit && len(r.queue) > 0 {
+		for len(r.queue) > 0 {
+			r.admitTicket(r.queue[0], nil, r.clock, false)
+		}
+	}
+}
+
+// capacity is p's KV cache in tokens, 0 when unknown. r.mu held.
+func (r *Router) capacity(p *replica) int64 {
+	if r.cfg.KVTokens > 0 {
+		return int64(r.cfg.KVTokens)
+	}
+	return int64(p.kvCap)
+}
+
+// footprint is the part of the conversation's context its replica holds
+// for it alone: its context minus what it shared with the replica's cache
+// when it arrived (the common system prompt).
+func footprint(en *entry) int64 {
+	if en.shared < en.ctx {
+		return int64(en.ctx - en.shared)
+	}
+	return int64(en.ctx)
+}
+
+// projected is what the conversation of en is counted with: its footprint,
+// or what conversations grow to (peak), whichever is larger. Counting
+// conversations at what they grow to keeps a replica from taking new ones
+// while those it holds are young, only to run out of KV as they grow.
+func (r *Router) projected(en *entry) int64 {
+	return max(footprint(en), r.peak())
+}
+
+// noteTurn records a finished turn's footprint for peak. r.mu held.
+func (r *Router) noteTurn(fp int64) {
+	r.turnFP[r.turnN%peakTurns] = uint32(min(max(fp, 0), 1<<32-1))
+	r.turnN++
+	r.peakFP = -1
+}
+
+// peak is the peakQuantile of the footprints of the last peakTurns turns
+// the engine measured: what a conversation is expected to hold once it has
+// grown (0 before any turn was measured). Turns late in their conversation
+// hold more, so a high quantile approximates the size conversations reach.
+// r.mu held.
+func (r *Router) peak() int64 {
+	if r.peakFP >= 0 {
+		return r.peakFP
+	}
+	n := min(r.turnN, peakTurns)
+	if n == 0 {
+		r.peakFP = 0
+		return 0
+	}
+	buf := r.turnFP
+	v := buf[:n]
+	slices.Sort(v)
+	r.peakFP = int64(v[min(n-1, int(peakQuantile*float64(n)))])
+	return r.peakFP
+}
+
+// resident is how long after its last turn ended the conversation still
+// counts in its replica's working set: with its pauses measured, twice the
+// longest (at least MinResident), else the whole AdmitWindow; never more
+// than AdmitWindow.
+func (r *Router) resident(en *entry) int64 {
+	w := int64(r.cfg.AdmitWindow)
+	if en.flags&flagGap != 0 {
+		g := max(int64(MinResident), residentGaps*int64(en.gap)*int64(time.Millisecond))
+		w = min(w, g)
+	}
+	return w
+}
+
+// workingSet is p's resident working set at now, in tokens: the footprints
+// of the conversations in flight there and of those whose last turn ended
+// within their resident time, plus the largest shared part among them (the
+// system prompt, held once). r.mu held.
+func (r *Router) workingSet(p *replica, now int64) int64 {
+	ws, base := r.residentSet(p, now)
+	return ws + base
+}
+
+// residentSet is workingSet as the conversations' own parts and the shared
+// part apart. r.mu held.
+func (r *Router) residentSet(p *replica, now int64) (own, shared int64) {
+	ws := p.busyFP
+	var base uint32
+	horizon := now - int64(r.cfg.AdmitWindow)
+	for e := p.head; e != nilIdx; e = r.b.ents[e].rnext {
+		en := &r.b.ents[e]
+		if en.last < horizon {
+			break
+		}
+		base = max(base, en.shared)
+		if en.busy > 0 || now-en.last > r.resident(en) {
+			continue // in flight (counted in busyFP), or gone quiet
+		}
+		ws += r.projected(en)
+	}
+	return ws, int64(base)
+}
+
+// fits reports whether a new conversation of est tokens may be placed on p
+// at now: p holds nothing yet, or it has not reached the high-water mark
+// since it last fell below the low-water mark and est fits under it. The
+// part p already shares among its conversations (the system prompt) is
+// assumed shared by the new one too, up to half of est. It updates p's
+// hysteresis state. r.mu held.
+func (r *Router) fits(p *replica, est int64, now int64) bool {
+	c := r.capacity(p)
+	if c <= 0 {
+		return true
+	}
+	own, base := r.residentSet(p, now)
+	ws := own + base
+	est = max(est-min(base, est/2), r.peak())
+	high := int64(r.cfg.HighWater * float64(c))
+	low := int64((r.cfg.HighWater - AdmitHysteresis) * float64(c))
+	switch {
+	case ws >= high:
+		p.full = true
+	case ws <= low:
+		p.full = false
+	}
+	return ws == 0 || (!p.full && ws+est <= high)
+}
+
+// estimate is the context assumed for a new conversation whose request
+// says tokens (0 = unknown: the last first turn the engine measured).
+func (r *Router) estimate(tokens int) int64 {
+	if tokens > 0 {
+		return int64(tokens)
+	}
+	return int64(r.lastFirst)
+}
+
+// bestFit returns the usable replica with the best placement score on
+// which a conversation of est tokens fits; skip is left out. r.mu held.
+func (r *Router) bestFit(now int64, est int64, skip *replica) *replica {
+	return r.lenientPick(func() *replica {
+		return r.bestWith(now, func(p *replica) bool { return p != skip && r.fits(p, est, now) })
+	})
+}
+
+// arrive notes a turn of the bound conversation e arriving at now: the
+// pause since its previous turn ended, and a larger estimate of its
+// context while the engine has not measured it. r.mu held.
+func (r *Router) arrive(e int32, tokens int, now int64) {
+	en := &r.b.ents[e]
+	if en.flags&flagIdle != 0 {
+		en.flags &^= flagIdle
+		g := min((now-en.last)/int64(time.Millisecond), 1<<32-1)
+		if en.flags&flagGap == 0 || uint32(g) > en.gap {
+			en.gap = uint32(max(g, 0))
+			en.flags |= flagGap
+		}
+	}
+	if tokens > 0 && en.flags&flagEstimated != 0 && uint32(min(tokens, 1<<32-1)) > en.ctx {
+		en.ctx = uint32(min(tokens, 1<<32-1))
+	}
+}
+
+// hold counts the turn routed to p as in flight for the working set of
+// the conversation of entry e. r.mu held.
+func (r *Router) hold(p *replica, e int32, s *slot) {
+	s.ent = nilIdx
+	if !r.admit || e == nilIdx {
+		return
+	}
+	en := &r.b.ents[e]
+	fp := r.projected(en)
+	en.busy++
+	p.busyFP += fp
+	s.ent, s.hash, s.fp = e, en.hash, fp
+}
+
+// released ends a held turn (see hold) at now (0 = the latest time seen):
+// the conversation's last turn ended then, and room may have appeared for
+// a waiting one.
+func (r *Router) released(s *slot, now int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if now > 0 {
+		now = r.advance(now)
+	} else {
+		now = r.clock
+	}
+	s.rep.busyFP -= s.fp
+	if int(s.ent) < len(r.b.ents) {
+		en := &r.b.ents[s.ent]
+		if en.hash == s.hash && en.busy > 0 {
+			en.busy--
+			if en.busy == 0 && r.b.idx[en.hash] == s.ent {
+				en.flags |= flagIdle
+				r.refresh(s.ent, now)
+			}
+		}
+	}
+	s.ent = nilIdx
+	if len(r.queue) > 0 {
+		r.admitQueued(now)
+	}
+}
+
+// refresh marks entry e used at now (when later than its last use) without
+// touching its flags.
+func (r *Router) refresh(e int32, now int64) {
+	en := &r.b.ents[e]
+	if now <= en.last {
+		return
+	}
+	en.last = now
+	if r.b.ghead != e {
+		r.gunlink(e)
+		r.gpushFront(e)
+	}
+	p := r.reps[en.rep]
+	if p.head != e || en.flags&flagActive == 0 {
+		r.runlink(p, e)
+		r.rpushFront(p, e)
+	}
+}
+
+// Ticket is a new conversation's first request waiting for admission: it
+// fitted on no replica when it arrived. Wait for Ready, then take the
+// Decision; or Cancel it when the client goes away, and Force it when it
+// has waited long enough.
+type Ticket struct {
+	r         *Router
+	h, parent uint64
+	start     uint64
+	est       int64
+	enq, at   int64 // when it was queued and admitted (Router clock)
+	ready     chan struct{}
+	dec       Decision
+	err       error
+	state     uint8 // ticketWaiting, ticketAdmitted, ticketCancelled
+	forced    bool
+}
+
+const (
+	ticketWaiting uint8 = iota
+	ticketAdmitted
+	ticketCancelled
+)
+
+// Ready is closed when the ticket's request was admitted (or found no
+// replica at all); Decision then returns the outcome.
+func (t *Ticket) Ready() <-chan struct{} { return t.ready }
+
+// Decision returns the admitted request's decision, or ErrNoReplica. Call
+// it after Ready is closed; the caller owns the Decision (Release it).
+func (t *Ticket) Decision() (Decision, error) {
+	t.r.mu.Lock()
+	defer t.r.mu.Unlock()
+	return t.dec, t.err
+}
+
+// Waited returns how long the ticket waited: until its admission, or until
+// now (the Router's latest time) while it waits.
+func (t *Ticket) Waited() time.Duration {
+	t.r.mu.Lock()
+	defer t.r.mu.Unlock()
+	end := t.at
+	if t.state != ticketAdmitted {
+		end = t.r.clock
+	}
+	return time.Duration(max(end-t.enq, 0))
+}
+
+// Forced reports whether the ticket was admitted because it had waited
+// AdmitWait (or was forced), rather than because room appeared.
+func (t *Ticket) Forced() bool {
+	t.r.mu.Lock()
+	defer t.r.mu.Unlock()
+	return t.forced
+}
+
+// Cancel takes a waiting ticket out of the queue (its client went away)
+// and reports true. When the ticket was admitted already it reports false:
+// the caller then owns the Decision and must Release it.
+func (t *Ticket) Cancel() bool {
+	r := t.r
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if t.state != ticketWaiting {
+		return false
+	}
+	t.state = ticketCancelled
+	r.unqueue(t)
+	r.cancelled++
+	// a cancelled head may have been holding back the ones behind it
+	if len(r.queue) > 0 {
+		r.admitQueued(r.clock)
+	}
+	return true
+}
+
+// Force admits a waiting ticket at once on the best replica, whether the
+// conversation fits there or not (it has waited AdmitWait). now zero means
+// time.Now(). It does nothing to a ticket no longer waiting.
+func (t *Ticket) Force(now time.Time) {
+	r := t.r
+	n := unixNanos(now)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if t.state != ticketWaiting {
+		return
+	}
+	r.admitTicket(t, nil, r.advance(n), true)
+}
+
+// Deadline is when the ticket reaches AdmitWait (as configured now).
+func (t *Ticket) Deadline() time.Time {
+	t.r.mu.Lock()
+	defer t.r.mu.Unlock()
+	return time.Unix(0, t.enq+int64(t.r.cfg.AdmitWait))
+}
+
+func (r *Router) unqueue(t *Ticket) {
+	if i := slices.Index(r.queue, t); i >= 0 {
+		r.queue = slices.Delete(r.queue, i, i+1)
+	}
+}
+
+// admitTicket admits t on p, or on the best replica when p is nil; forced
+// counts it as admitted at AdmitWait. A ticket whose key is bound by now
+// (an earlier request of the same conversation was admitted) follows its
+// binding. With no replica at all the ticket gets ErrNoReplica. r.mu held.
+func (r *Router) admitTicket(t *Ticket, p *replica, now int64, forced bool) {
+	r.unqueue(t)
+	t.state, t.at, t.forced = ticketAdmitted, now, forced
+	defer close(t.ready)
+	if e := r.lookup(t.h, now); e != nilIdx {
+		if q := r.reps[r.b.ents[e].rep]; r.usable(q) {
+			r.keyed++
+			t.dec = r.stay(e, q, now, ReasonSticky)
+			r.countAdmitted(t, forced)
+			return
+		}
+		r.removeEntry(e)
+	}
+	if p == nil {
+		p = r.lenientPick(func() *replica { return r.best(now, nil, false) })
+	}
+	if p == nil {
+		t.err = ErrNoReplica
+		return
+	}
+	e := r.insert(t.h, p, now, t.start)
+	r.estimated(e, t.est)
+	p.placed++
+	t.dec = r.take(p, ReasonPlaced, e)
+	r.countAdmitted(t, forced)
+}
+
+func (r *Router) countAdmitted(t *Ticket, forced bool) {
+	if forced {
+		r.admittedAtLimit++
+	} else {
+		r.admittedAfterWait++
+	}
+	r.waitedNanos += uint64(max(t.at-t.enq, 0))
+}
+
+// estimated records est as the new binding e's context until the engine
+// measures it.
+func (r *Router) estimated(e int32, est int64) {
+	en := &r.b.ents[e]
+	en.ctx = uint32(min(max(est, 0), 1<<32-1))
+	en.flags |= flagEstimated
+}
+
+// admitQueued admits waiting tickets in arrival order while the first one
+// fits somewhere (or is bound by now); a ticket that has waited AdmitWait
+// is admitted on the best replica. r.mu held.
+func (r *Router) admitQueued(now int64) int {
+	n := 0
+	for len(r.queue) > 0 {
+		t := r.queue[0]
+		if now-t.enq >= int64(r.cfg.AdmitWait) {
+			r.admitTicket(t, nil, now, true)
+			n++
+			continue
+		}
+		if e := r.lookup(t.h, now); e != nilIdx && r.usable(r.reps[r.b.ents[e].rep]) {
+			r.admitTicket(t, nil, now, false)
+			n++
+			continue
+		}
+		p := r.bestFit(now, t.est, nil)
+		if p == nil || !r.fits(p, t.est, now) {
+			// lenientPick may have returned a replica out for failures
+			// only to fill the gap; waiting is better than that
+			break
+		}
+		r.admitTicket(t, p, now, false)
+		n++
+	}
+	return n
+}
+
+// AdmitWaiting admits the waiting conversations that fit at now (room
+// appears as conversations go quiet, which no request reports) and those
+// that have waited AdmitWait. Call it periodically, e.g. after every poll
+// round. It returns how many it admitted.
+func (r *Router) AdmitWaiting(now time.Time) int {
+	n := unixNanos(now)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.queue) == 0 {
+		r.advance(n)
+		return 0
+	}
+	return r.admitQueued(r.advance(n))
+}
+
+// Waiting returns the number of conversations waiting for admission.
+func (r *Router) Waiting() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.queue)
+}
+
+// queueNew queues a new conversation's first request (r.mu held): it
+// returns the ticket, or a decision when room was there after all (the
+// queue was empty of earlier arrivals that fit), or ErrQueueFull.
+func (r *Router) queueNew(req Request, h, parent uint64, est, now int64) (Decision, *Ticket, error) {
+	if len(r.queue) >= r.cfg.AdmitQueue {
+		r.refused++
+		return Decision{}, nil, ErrQueueFull
+	}
+	t := &Ticket{r: r, h: h, parent: parent, start: req.Start, est: est, enq: now, ready: make(chan struct{})}
+	r.queue = append(r.queue, t)
+	r.queued++
+	r.admitQueued(now)
+	if t.state == ticketAdmitted {
+		r.admittedAfterWait-- // it did not wait
+		return t.dec, nil, t.err
+	}
+	return Decision{}, t, nil
+}
+
+// AdmissionSnapshot is the state of working-set admission for the card.
+type AdmissionSnapshot struct {
+	On     bool   // configured on (Config.AdmissionOff false, affinity on)
+	Active bool   // on and in force: every replica's KV capacity is known
+	Why    string // why it is not in force, when not
+	// Settings in use.
+	HighWater  float64
+	Window     time.Duration
+	Wait       time.Duration
+	QueueLimit int
+	// Waiting conversations now, and their estimated context.
+	Waiting       int
+	WaitingTokens int64
+	// Since the Router was created: conversations that waited, admitted
+	// when room appeared, admitted at AdmitWait, refused with the queue
+	// full, and whose client left while waiting; the total time the
+	// admitted ones waited.
+	Queued, AdmittedAfterWait, AdmittedAtLimit, Refused, Cancelled uint64
+	WaitedTotal                                                    time.Duration
+	// The replicas' working sets and KV capacities, summed.
+	WorkingSetTokens, CapacityTokens int64
+}
+
+// Overcommitted reports whether the active conversations (resident and
+// waiting) hold more context than the replicas cache.
+func (a AdmissionSnapshot) Overcommitted() bool {
+	return a.CapacityTokens > 0 && a.WorkingSetTokens+a.WaitingTokens > a.CapacityTokens
+}
+
+// admissionSnapshot fills the model's admission state; r.mu held.
+func (r *Router) admissionSnapshot() AdmissionSnapshot {
+	active, why := r.admissionReason()
+	a := AdmissionSnapshot{
+		On: !r.cfg.AdmissionOff && !r.cfg.AffinityOff, Active: active, Why: why,
+		HighWater: r.cfg.HighWater, Window: r.cfg.AdmitWindow, Wait: r.cfg.AdmitWait, QueueLimit: r.cfg.AdmitQueue,
+		Waiting: len(r.queue), Queued: r.queued, AdmittedAfterWait: r.admittedAfterWait,
+		AdmittedAtLimit: r.admittedAtLimit, Refused: r.refused, Cancelled: r.cancelled,
+		WaitedTotal: time.Duration(r.waitedNanos),
+	}
+	for _, t := range r.queue {
+		a.WaitingTokens += t.est
+	}
+	return a
+}

@@ -46,8 +46,11 @@ const (
 	flagEstimated uint16 = 32
 )
 
-// admissionReason reports whether admission is configured on and in force
-// (every present replica's KV capacity is known), and why not. r.mu held.
+// admissionReason reports whether admission is configured on and in force,
+// and why not: in force while every replica polled so far exported its KV
+// capacity (or kv_tokens gives it), and at least one did. A replica not
+// polled yet (just added) is not chosen for new conversations until its
+// capacity is known. r.mu held.
 func (r *Router) admissionReason() (active bool, why string) {
 	switch {
 	case r.cfg.AdmissionOff:
@@ -57,10 +60,18 @@ func (r *Router) admissionReason() (active bool, why string) {
 	case len(r.order) == 0:
 		return false, "no replicas"
 	}
+	known := 0
 	for _, i := range r.order {
-		if p := r.reps[i]; r.capacity(p) <= 0 {
-			return false, fmt.Sprintf("the KV capacity of replica %s is unknown (no vllm:cache_config_info); set kv_tokens", p.id)
+		p := r.reps[i]
+		switch {
+		case r.capacity(p) > 0:
+			known++
+		case p.polled:
+			return false, fmt.Sprintf("the KV capacity of replica %s is unknown (it exports no vllm:cache_config_info); set kv_tokens", p.id)
 		}
+	}
+	if known == 0 {
+		return false, "no replica has been polled yet"
 	}
 	return true, ""
 }
@@ -181,7 +192,7 @@ func (r *Router) residentSet(p *replica, now int64) (own, shared int64) {
 func (r *Router) fits(p *replica, est int64, now int64) bool {
 	c := r.capacity(p)
 	if c <= 0 {
-		return true
+		return false // not polled yet: its room is not known
 	}
 	own, base := r.residentSet(p, now)
 	ws := own + base

@@ -163,3 +163,63 @@ func BenchmarkFeedback(b *testing.B) {
 		r.Feedback(Turn{Key: keys[j], Replica: reps[j], Reason: ReasonSticky, Prompt: 1000 + i%500, Cached: 1000})
 	}
 }
+
+// admitLoaded is loaded with admission in force: every replica's capacity
+// known (1M tokens, so new conversations fit), and perReplica
+// conversations resident on each, their last turns measured.
+func admitLoaded(n, perReplica int) (*Router, []string) {
+	r := newTestRouter(n, Config{MaxNumSeqs: 1 << 20})
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, id := range ids(n) {
+		r.UpdateLoad(id, Load{Running: rng.IntN(8), Waiting: rng.IntN(2), KVUsage: rng.Float64(), Reachable: true, KVTokens: 1 << 20})
+	}
+	keys := sessionKeys(n * perReplica)
+	for _, k := range keys {
+		d, _, _ := r.Admit(Request{Key: k, Tokens: 12000, Now: t0})
+		d.ReleaseAt(t0)
+		r.Feedback(Turn{Key: k, Replica: d.Replica, Reason: d.Reason, Prompt: 12000, Cached: 3500, Completion: 256})
+	}
+	return r, keys
+}
+
+// BenchmarkAdmission: a sticky turn with admission in force (routing and
+// releasing, which then takes the lock to end the turn's hold), and the
+// decision for a new conversation, which sums every replica's resident
+// working set (8 conversations each).
+func BenchmarkAdmission(b *testing.B) {
+	b.Run("sticky", func(b *testing.B) {
+		r, keys := admitLoaded(4, 8)
+		req := Request{Key: keys[0], Tokens: 12500, Now: t0}
+		b.ReportAllocs()
+		b.ResetTimer()
+		for range b.N {
+			d, tk, err := r.Admit(req)
+			if err != nil || tk != nil || d.Reason != ReasonSticky {
+				b.Fatal(d.Reason, tk, err)
+			}
+			d.Release()
+		}
+	})
+	fresh := sessionKeys(1 << 16)
+	for i := range fresh {
+		fresh[i] = "new-" + fresh[i]
+	}
+	for _, n := range []int{4, 64, 256} {
+		b.Run(fmt.Sprint("new/replicas=", n), func(b *testing.B) {
+			r, _ := admitLoaded(n, 8)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				// the same instant: the resident conversations stay resident
+				d, tk, err := r.Admit(Request{Key: fresh[i&(len(fresh)-1)], Tokens: 12000, Now: t0})
+				if err != nil || tk != nil {
+					b.Fatal(tk, err)
+				}
+				d.Release()
+				b.StopTimer()
+				r.Unbind(fresh[i&(len(fresh)-1)])
+				b.StartTimer()
+			}
+		})
+	}
+}

@@ -243,6 +243,7 @@ type replica struct {
 	exclEpoch uint64 // equals Router.exclEpoch when excluded for the current request
 
 	kvCap  int   // KV capacity in tokens, last known (Load.KVTokens)
+	polled bool  // a poll has reached it
 	full   bool  // reached the high-water mark and not yet below the low-water mark
 	busyFP int64 // footprints of the conversations' turns in flight here (admission)
 }
@@ -466,8 +467,9 @@ func (r *Router) UpdateLoad(id string, l Load) {
 	if i, found := r.byID[id]; found {
 		p := r.reps[i]
 		p.load = l
-		if l.KVTokens > 0 && l.KVTokens != p.kvCap {
-			p.kvCap = l.KVTokens
+		if (l.KVTokens > 0 && l.KVTokens != p.kvCap) || (l.Reachable && !p.polled) {
+			p.kvCap = max(l.KVTokens, p.kvCap)
+			p.polled = p.polled || l.Reachable
 			r.refreshAdmission()
 		}
 	}

@@ -25,6 +25,7 @@ func init() {
 //	GET    /lm-warden/models/{model}                  the routing card
 //	GET    /lm-warden/models/{model}/stats            per-second tokens, last hour
 //	PUT    /lm-warden/models/{model}/affinity         {"affinity":false}
+//	PUT    /lm-warden/models/{model}/admission        {"admission":false}
 //	DELETE /lm-warden/models/{model}/sessions/{key}   unpin one conversation
 //
 // A model name containing "/" may be sent as is or path-escaped.
@@ -175,6 +176,21 @@ func (a adminAPI) handleModel(w http.ResponseWriter, r *http.Request) error {
 		}
 		m.router.SetAffinity(*body.Affinity)
 		return writeJSON(w, map[string]any{"model": m.name, "affinity": m.router.Affinity()})
+	case rest == "admission":
+		if r.Method != http.MethodPut && r.Method != http.MethodPost {
+			return apiErr(http.StatusMethodNotAllowed, "method not allowed")
+		}
+		var body struct {
+			Admission *bool `json:"admission"`
+		}
+		if err := decodeAdminBody(r, &body); err != nil {
+			return err
+		}
+		if body.Admission == nil {
+			return apiErr(http.StatusBadRequest, `body must be {"admission":true|false}`)
+		}
+		m.router.SetAdmission(*body.Admission)
+		return writeJSON(w, map[string]any{"model": m.name, "admission": admissionRow(m.router.Snapshot().Admission)})
 	case strings.HasPrefix(rest, "sessions/"):
 		if r.Method != http.MethodDelete {
 			return apiErr(http.StatusMethodNotAllowed, "method not allowed")
@@ -258,6 +274,53 @@ type Card struct {
 	Since          time.Time    `json:"since"`
 	Writable       bool         `json:"writable"`
 	Replicas       []ReplicaRow `json:"replicas"`
+	Admission      AdmissionRow `json:"admission"`
+	// Warning says in plain words when the active conversations hold more
+	// context than the replicas cache; "" when they do not.
+	Warning string `json:"warning"`
+}
+
+// AdmissionRow is working-set admission's state on the card.
+type AdmissionRow struct {
+	On     bool   `json:"on"`     // configured on (and affinity on)
+	Active bool   `json:"active"` // on and in force: the replicas' KV capacity is known
+	Why    string `json:"why"`    // why it is not in force; "" when it is
+	// Settings in use.
+	HighWater  float64 `json:"high_water"`
+	WindowS    float64 `json:"window_s"`
+	WaitS      float64 `json:"wait_s"`
+	QueueLimit int     `json:"queue_limit"`
+	// Conversations waiting now and their estimated context in tokens.
+	Waiting       int   `json:"waiting"`
+	WaitingTokens int64 `json:"waiting_tokens"`
+	// Since the router started: conversations that had to wait, admitted
+	// when room appeared, admitted at admit_wait, refused (429) and gone
+	// while waiting; the mean wait of those admitted (null before any).
+	Queued            uint64   `json:"queued"`
+	AdmittedAfterWait uint64   `json:"admitted_after_wait"`
+	AdmittedAtLimit   uint64   `json:"admitted_at_wait_limit"`
+	Refused           uint64   `json:"refused"`
+	Cancelled         uint64   `json:"cancelled"`
+	MeanWaitS         *float64 `json:"mean_wait_s"`
+	// The replicas' working sets and KV capacities, summed (capacity 0
+	// when unknown).
+	WorkingSetTokens int64 `json:"working_set_tokens"`
+	CapacityTokens   int64 `json:"capacity_tokens"`
+}
+
+func admissionRow(a placement.AdmissionSnapshot) AdmissionRow {
+	row := AdmissionRow{
+		On: a.On, Active: a.Active, Why: a.Why, HighWater: a.HighWater,
+		WindowS: a.Window.Seconds(), WaitS: a.Wait.Seconds(), QueueLimit: a.QueueLimit,
+		Waiting: a.Waiting, WaitingTokens: a.WaitingTokens, Queued: a.Queued,
+		AdmittedAfterWait: a.AdmittedAfterWait, AdmittedAtLimit: a.AdmittedAtLimit,
+		Refused: a.Refused, Cancelled: a.Cancelled,
+		WorkingSetTokens: a.WorkingSetTokens, CapacityTokens: a.CapacityTokens,
+	}
+	if n := a.AdmittedAfterWait + a.AdmittedAtLimit; n > 0 {
+		row.MeanWaitS = optional(a.WaitedTotal.Seconds() / float64(n))
+	}
+	return row
 }
 
 // ReplicaRow is one replica's row of the card.
@@ -311,6 +374,13 @@ type ReplicaRow struct {
 	Bindings           int        `json:"bindings"`
 	Active             int        `json:"active"`
 	Tokens             TokenCount `json:"tokens"`
+	// Admission: the context its active conversations hold (each counted
+	// at what conversations grow to), its KV capacity in tokens (null when
+	// unknown), and whether it reached its high-water mark and takes no
+	// new conversation until below the low-water mark.
+	WorkingSetTokens int64  `json:"working_set_tokens"`
+	KVCapacityTokens *int64 `json:"kv_capacity_tokens"`
+	Full             bool   `json:"full"`
 }
 
 // TokenCount is prompt tokens split by where they came from, and generated
@@ -351,6 +421,7 @@ func buildCard(m *modelState, now time.Time) Card {
 		MaxNumSeqs: s.MaxNumSeqs, StickyPct: s.StickyShare * 100, InFlight: s.InFlight,
 		Requests: s.Requests, KeyedRequests: s.KeyedRequests, Bindings: s.Bindings,
 		Since: s.Since.UTC(), Writable: true, Replicas: make([]ReplicaRow, 0, len(s.Replicas)),
+		Admission: admissionRow(s.Admission), Warning: overcommitMessage(s.Admission),
 	}
 	for _, r := range s.Replicas {
 		row := ReplicaRow{
@@ -360,6 +431,10 @@ func buildCard(m *modelState, now time.Time) Card {
 			AffinityOff: r.AffinityOff, NoKey: r.NoKey, Bindings: r.Bindings, Active: r.Active,
 			Restarted: r.Restarted, ColdReplaced: r.ColdReplaced, ColdMarked: r.ColdMarked, Ended: r.Ended,
 			PredictedCached: r.PredictedTokens, DeliveredCached: r.DeliveredTokens,
+			WorkingSetTokens: r.WorkingSet, Full: r.Full,
+		}
+		if r.Capacity > 0 {
+			row.KVCapacityTokens = optional(r.Capacity)
 		}
 		if r.PredictedTokens > 0 {
 			row.DeliveredShare = optional(r.DeliveredShare())

@@ -134,6 +134,13 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 //	    data_parallel_size <n>
 //	    client_pin_header  <header>
 //	    route_header       on|off
+//	    admission          on|off
+//	    kv_tokens          <n>
+//	    admit_high_water   <fraction>
+//	    admit_window       <duration>
+//	    admit_wait         <duration>
+//	    admit_queue        <n>
+//	    bytes_per_token    <n>
 //	}
 //
 // The model may also be given inline: `lb_policy lm_warden <name>`.
@@ -166,15 +173,32 @@ func (p *Policy) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			default:
 				p.ClientPinHeader = v
 			}
-		case "affinity", "route_header":
+		case "affinity", "route_header", "admission":
 			on, err := parseOnOff(d)
 			if err != nil {
 				return err
 			}
-			if opt == "affinity" {
+			switch opt {
+			case "affinity":
 				p.Affinity = &on
-			} else {
+			case "admission":
+				p.Admission = &on
+			default:
 				p.RouteHeader = &on
+			}
+		case "admit_high_water", "bytes_per_token":
+			var v string
+			if !d.AllArgs(&v) {
+				return d.ArgErr()
+			}
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil || f <= 0 {
+				return d.Errf("%s must be a positive number, got %q", opt, v)
+			}
+			if opt == "admit_high_water" {
+				p.AdmitHighWater = f
+			} else {
+				p.BytesPerToken = f
 			}
 		case "spill_threshold":
 			var v string
@@ -204,7 +228,7 @@ func (p *Policy) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.Errf("spill_waiting must be off or a positive integer, got %q", v)
 			}
 			p.SpillWaiting = n
-		case "max_num_seqs", "max_sessions", "fail_after", "data_parallel_size":
+		case "max_num_seqs", "max_sessions", "fail_after", "data_parallel_size", "kv_tokens", "admit_queue":
 			n, err := parsePositive(d)
 			if err != nil {
 				return err
@@ -216,10 +240,14 @@ func (p *Policy) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				p.MaxSessions = n
 			case "fail_after":
 				p.FailAfter = n
+			case "kv_tokens":
+				p.KVTokens = n
+			case "admit_queue":
+				p.AdmitQueue = n
 			default:
 				p.DataParallelSize = n
 			}
-		case "idle_ttl", "active_window", "poll_interval", "poll_timeout", "fail_cooldown":
+		case "idle_ttl", "active_window", "poll_interval", "poll_timeout", "fail_cooldown", "admit_window", "admit_wait":
 			var v string
 			if !d.AllArgs(&v) {
 				return d.ArgErr()
@@ -237,6 +265,10 @@ func (p *Policy) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				p.PollInterval = caddy.Duration(dur)
 			case "fail_cooldown":
 				p.FailCooldown = caddy.Duration(dur)
+			case "admit_window":
+				p.AdmitWindow = caddy.Duration(dur)
+			case "admit_wait":
+				p.AdmitWait = caddy.Duration(dur)
 			default:
 				p.PollTimeout = caddy.Duration(dur)
 			}

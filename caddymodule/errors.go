@@ -54,6 +54,11 @@ func errorType(api vllmstats.API, status int) string {
 		return "bad_gateway"
 	case http.StatusBadRequest:
 		return "invalid_request_error"
+	case http.StatusTooManyRequests:
+		if api == vllmstats.APIAnthropic {
+			return "rate_limit_error"
+		}
+		return "rate_limit_exceeded"
 	}
 	if api == vllmstats.APIAnthropic {
 		return "api_error"

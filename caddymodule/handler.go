@@ -260,6 +260,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 				rw.failed()
 				return h.fail(rw, r, st, err)
 			case http.StatusServiceUnavailable:
+				if st.refused && st.model != nil {
+					return h.refuse(rw, r, st)
+				}
 				return h.fail(rw, r, st, err)
 			}
 		}

@@ -71,6 +71,30 @@ var (
 	descEnded = prometheus.NewDesc("lm_warden_ended_sessions_total",
 		"Bindings at the replica dropped because the client said the session ended.",
 		[]string{"model", "replica"}, nil)
+	descWorkingSet = prometheus.NewDesc("lm_warden_replica_working_set_tokens",
+		"Context held on the replica by its active conversations (in flight or recently used), each counted at what conversations grow to, as admission counts it.",
+		[]string{"model", "replica"}, nil)
+	descKVCapacity = prometheus.NewDesc("lm_warden_replica_kv_capacity_tokens",
+		"The replica's KV cache in tokens (vllm:cache_config_info blocks × block size, or kv_tokens); no sample when unknown.",
+		[]string{"model", "replica"}, nil)
+	descAdmissionActive = prometheus.NewDesc("lm_warden_admission_active",
+		"1 when working-set admission is in force for the model (on, and the replicas' KV capacity known).",
+		[]string{"model"}, nil)
+	descAdmissionWaiting = prometheus.NewDesc("lm_warden_admission_waiting",
+		"New conversations waiting for room in the replicas' KV caches.",
+		[]string{"model"}, nil)
+	descAdmissionQueued = prometheus.NewDesc("lm_warden_admission_queued_total",
+		"New conversations that had to wait for room.",
+		[]string{"model"}, nil)
+	descAdmissionAdmitted = prometheus.NewDesc("lm_warden_admission_admitted_total",
+		"Waiting conversations admitted: when room appeared (room) or at admit_wait (wait_limit).",
+		[]string{"model", "how"}, nil)
+	descAdmissionRefused = prometheus.NewDesc("lm_warden_admission_refused_total",
+		"New conversations refused with 429 because admit_queue were waiting already.",
+		[]string{"model"}, nil)
+	descAdmissionCancelled = prometheus.NewDesc("lm_warden_admission_cancelled_total",
+		"Waiting conversations whose client went away.",
+		[]string{"model"}, nil)
 	descProxyFailures = prometheus.NewDesc("lm_warden_proxy_failures_total",
 		"Requests that failed at the replica: no connection, no response headers in time, a 5xx answer or a cut stream.",
 		[]string{"model", "replica"}, nil)
@@ -92,7 +116,9 @@ func (collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descRequests, descInFlight, descBindings, descReplicaBindings,
 		descPrompt, descGenerated, descUnmeasured, descRunning, descWaiting, descKV, descHit,
 		descReachable, descPollErrors, descAvailable, descOut, descProxyFailures,
-		descStickyCached, descColdMarked, descEnded} {
+		descStickyCached, descColdMarked, descEnded, descWorkingSet, descKVCapacity,
+		descAdmissionActive, descAdmissionWaiting, descAdmissionQueued, descAdmissionAdmitted,
+		descAdmissionRefused, descAdmissionCancelled} {
 		ch <- d
 	}
 }
@@ -108,6 +134,14 @@ func (collector) Collect(ch chan<- prometheus.Metric) {
 	for _, m := range models() {
 		rs := m.router.Snapshot()
 		gauge(descBindings, float64(rs.Bindings), m.name)
+		a := rs.Admission
+		gauge(descAdmissionActive, b2f(a.Active), m.name)
+		gauge(descAdmissionWaiting, float64(a.Waiting), m.name)
+		counter(descAdmissionQueued, float64(a.Queued), m.name)
+		counter(descAdmissionAdmitted, float64(a.AdmittedAfterWait), m.name, "room")
+		counter(descAdmissionAdmitted, float64(a.AdmittedAtLimit), m.name, "wait_limit")
+		counter(descAdmissionRefused, float64(a.Refused), m.name)
+		counter(descAdmissionCancelled, float64(a.Cancelled), m.name)
 		for _, r := range rs.Replicas {
 			for _, c := range [...]struct {
 				reason string
@@ -148,6 +182,10 @@ func (collector) Collect(ch chan<- prometheus.Metric) {
 			counter(descStickyCached, float64(r.DeliveredTokens), m.name, r.ID, "delivered")
 			counter(descColdMarked, float64(r.ColdMarked), m.name, r.ID)
 			counter(descEnded, float64(r.Ended), m.name, r.ID)
+			gauge(descWorkingSet, float64(r.WorkingSet), m.name, r.ID)
+			if r.Capacity > 0 {
+				gauge(descKVCapacity, float64(r.Capacity), m.name, r.ID)
+			}
 		}
 		for id, t := range m.acct.Totals() {
 			counter(descPrompt, float64(t.Cached), m.name, id, "cached")
@@ -188,10 +226,12 @@ func registerMetrics(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	if err := reg.Register(theCollector); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if !errors.As(err, &are) {
-			return fmt.Errorf("registering lm_warden metrics: %w", err)
+	for _, c := range []prometheus.Collector{theCollector, admissionWait} {
+		if err := reg.Register(c); err != nil {
+			var are prometheus.AlreadyRegisteredError
+			if !errors.As(err, &are) {
+				return fmt.Errorf("registering lm_warden metrics: %w", err)
+			}
 		}
 	}
 	return nil

@@ -124,6 +124,40 @@ type Policy struct {
 	// Default true.
 	RouteHeader *bool `json:"route_header,omitempty"`
 
+	// Working-set admission: a new conversation is placed only on a
+	// replica whose KV cache holds it beside the conversations active
+	// there; when none does, its first request waits in Caddy, in arrival
+	// order, until room appears. Default true; it is in force while the
+	// replicas export their KV capacity (vllm:cache_config_info) or
+	// kv_tokens gives it.
+	Admission *bool `json:"admission,omitempty"`
+
+	// Every replica's KV cache in tokens (blocks × block size), for
+	// engines that do not export vllm:cache_config_info. 0: as polled.
+	KVTokens int `json:"kv_tokens,omitempty"`
+
+	// Share of a replica's KV capacity that new conversations may fill,
+	// counting every conversation at what conversations grow to.
+	// Default 1.0.
+	AdmitHighWater float64 `json:"admit_high_water,omitempty"`
+
+	// Longest a conversation counts in its replica's working set after
+	// its last turn (shorter once its pauses between turns are known).
+	// Default 1m.
+	AdmitWindow caddy.Duration `json:"admit_window,omitempty"`
+
+	// Longest a new conversation waits for room; it is then placed on the
+	// best replica anyway. Default 5m.
+	AdmitWait caddy.Duration `json:"admit_wait,omitempty"`
+
+	// Most conversations waiting; beyond it new ones get 429 with
+	// Retry-After. Default 1024.
+	AdmitQueue int `json:"admit_queue,omitempty"`
+
+	// Request body bytes per prompt token, to estimate a new
+	// conversation's size before the engine counts it. Default 3.
+	BytesPerToken float64 `json:"bytes_per_token,omitempty"`
+
 	m           *modelState
 	logger      *zap.Logger
 	routeHeader bool
@@ -152,7 +186,34 @@ func (p *Policy) routerConfig() placement.Config {
 		MaxBindings:     p.MaxSessions,
 		FailCooldown:    time.Duration(p.FailCooldown),
 		MaxFailCooldown: max(placement.DefaultMaxFailCooldown, 12*time.Duration(p.FailCooldown)),
+		AdmissionOff:    p.Admission != nil && !*p.Admission,
+		KVTokens:        p.KVTokens,
+		HighWater:       p.AdmitHighWater,
+		AdmitWindow:     time.Duration(p.AdmitWindow),
+		AdmitWait:       time.Duration(p.AdmitWait),
+		AdmitQueue:      p.AdmitQueue,
 	}
+}
+
+// DefaultBytesPerToken is bytes_per_token's default: request body bytes
+// per prompt token (see the field).
+const DefaultBytesPerToken = 3.0
+
+// tokens estimates the prompt tokens of r from its body's size: its
+// Content-Length, or the body the handler read; 0 when unknown.
+func (p *Policy) tokens(r *http.Request, st *routeState) int {
+	n := r.ContentLength
+	if n <= 0 && st.rb.b != nil {
+		n = int64(len(st.rb.b))
+	}
+	if n <= 0 {
+		return 0
+	}
+	bpt := p.BytesPerToken
+	if bpt <= 0 {
+		bpt = DefaultBytesPerToken
+	}
+	return int(min(float64(n)/bpt, 1<<31-1))
 }
 
 func (p *Policy) pollSettings() pollSettings {
@@ -283,6 +344,12 @@ func (p *Policy) Validate() error {
 		return fmt.Errorf("lm_warden %s: poll_scheme must be http or https, got %q", p.Model, p.PollScheme)
 	case p.PollTimeout > 0 && p.PollInterval > 0 && p.PollTimeout >= p.PollInterval:
 		return fmt.Errorf("lm_warden %s: poll_timeout must be shorter than poll_interval", p.Model)
+	case p.KVTokens < 0, p.AdmitQueue < 0, p.AdmitWindow < 0, p.AdmitWait < 0:
+		return fmt.Errorf("lm_warden %s: kv_tokens, admit_queue, admit_window and admit_wait must not be negative", p.Model)
+	case p.AdmitHighWater < 0 || p.AdmitHighWater > 4:
+		return fmt.Errorf("lm_warden %s: admit_high_water must be in (0, 4], got %g", p.Model, p.AdmitHighWater)
+	case p.BytesPerToken < 0 || p.BytesPerToken > 64:
+		return fmt.Errorf("lm_warden %s: bytes_per_token must be in (0, 64], got %g", p.Model, p.BytesPerToken)
 	}
 	return nil
 }
@@ -455,6 +522,9 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 		}
 	}
 	st.beginAttempt()
+	if st.refused {
+		return nil // the admission queue was full: 429 (the handler)
+	}
 
 	var buf [8]string
 	exclude := buf[:0]
@@ -470,7 +540,7 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 	}
 	exclude = st.triedList(exclude)
 
-	req := placement.Request{Key: st.key, Parent: st.parent, Start: st.start}
+	req := placement.Request{Key: st.key, Parent: st.parent, Start: st.start, Tokens: p.tokens(r, st)}
 	if len(exclude) > 0 {
 		req.Exclude = exclude
 	}
@@ -479,8 +549,15 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 			req.Pin = p.pinned(v[0], rs)
 		}
 	}
-	dec, err := p.m.router.Route(req)
+	dec, tk, err := p.m.router.Admit(req)
+	if tk != nil {
+		dec, err = p.m.await(r.Context(), tk)
+	}
 	if err != nil {
+		if errors.Is(err, placement.ErrQueueFull) {
+			st.refused = true
+			st.model = p.m
+		}
 		return nil
 	}
 	at, ok := rs.where[dec.Replica]

@@ -621,6 +621,9 @@ func TestRetryAfterAnAnswerResendsTheWholeBody(t *testing.T) {
 		{"body read for the key", map[string]string{"X-Pin": busy}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			// the previous attempt's failure cools the busy replica down
+			// for fail_cooldown: a pin to it is honoured only after that
+			waitFor(t, "the busy replica back in placement", func() bool { return cardRow(rs.card("retry"), busy).Available })
 			before := busyGot.Load()
 			body := chatTurn("retry", 3, false, "user_1_account_2_session_retry-body")
 			res := rs.send("/v1/messages", body, tc.hdr)

@@ -20,6 +20,7 @@ type routeState struct {
 	model       *modelState // set by the policy that routed the request
 	dec         placement.Decision
 	routed      bool
+	refused     bool       // the admission queue was full: answered 429
 	detached    bool       // routed without the handler: the slot is freed with the request context
 	rb          replayBody // the request body the handler read and put back (rb.b != nil), rewound on retries
 	ntried      int
@@ -75,7 +76,7 @@ func (st *routeState) finished(status int, u *vllmstats.Usage, now time.Time) {
 	if !st.routed {
 		return
 	}
-	st.dec.Release()
+	st.dec.ReleaseAt(now)
 	if u != nil && st.model != nil && status >= 200 && status < 300 {
 		st.model.recordUsage(st.dec.Replica, *u, now)
 		st.model.feedback(st.key, st.dec, *u)

@@ -80,6 +80,9 @@ type modelState struct {
 	pollErrs  map[string]uint64 // poll rounds that failed, per present replica
 	resets    map[string]uint64 // counter resets (restarts) seen, per present replica
 	lastTaken time.Time
+	// overcommitted: the active conversations hold more than the replicas
+	// cache (logged once per episode)
+	overcommitted bool
 
 	health atomic.Pointer[replicaSet] // the pool whose health checks feed the router
 }
@@ -239,6 +242,7 @@ func (m *modelState) onSnapshot(s *vllmstats.Snapshot) {
 			RunningUnknown: !rs.Metrics.Present.Has(vllmstats.FigRunning),
 			WaitingUnknown: !rs.Metrics.Present.Has(vllmstats.FigWaiting),
 			KVUnknown:      !rs.Metrics.Present.Has(vllmstats.FigKVUsage),
+			KVTokens:       rs.Metrics.KVCapacityTokens,
 		})
 		if rs.LastError != "" && rs.Failures > 0 {
 			failed = append(failed, rs.ID)
@@ -248,7 +252,11 @@ func (m *modelState) onSnapshot(s *vllmstats.Snapshot) {
 	if rs := m.health.Load(); rs != nil {
 		rs.syncAllHealth(m.router)
 	}
-	m.forgetGone(time.Now())
+	now := time.Now()
+	m.forgetGone(now)
+	// room appears as conversations go quiet, which no request reports
+	m.router.AdmitWaiting(now)
+	m.checkOvercommit(m.router.Snapshot().Admission)
 	var restarted []string
 	m.mu.Lock()
 	for i := range s.Replicas {
@@ -312,6 +320,7 @@ func (m *modelState) feedback(key string, dec placement.Decision, u vllmstats.Us
 	m.router.Feedback(placement.Turn{
 		Key: key, Replica: dec.Replica, Reason: dec.Reason,
 		Prompt: int(min(u.PromptTokens, 1<<31-1)), Cached: int(min(u.CachedTokens, 1<<31-1)),
+		Completion: int(min(max(u.CompletionTokens, 0), 1<<31-1)),
 	})
 }
 

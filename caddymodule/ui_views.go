@@ -34,6 +34,7 @@ type uiModelRow struct {
 type uiCardView struct {
 	Model    string           `json:"model"`
 	Writable bool             `json:"writable"`
+	Warning  string           `json:"warning"` // "" when none
 	Head     map[string]uiVal `json:"head"`
 	Since    uiVal            `json:"since"`
 	Replicas []uiReplicaRow   `json:"replicas"`
@@ -152,7 +153,9 @@ func buildCardView(doc Card, now time.Time) uiCardView {
 			"keyed":        uiCount(doc.KeyedRequests),
 			"bindings":     uiCount(doc.Bindings),
 			"max_num_seqs": uiCount(doc.MaxNumSeqs),
+			"admission":    uiAdmission(doc.Admission),
 		},
+		Warning: doc.Warning,
 		Since: uiVal{V: doc.Since, T: "counters since " + doc.Since.UTC().Format("2006-01-02 15:04:05 UTC") +
 			" (" + humanize.RelTime(doc.Since, now, "ago", "from now") + ")"},
 		Replicas: make([]uiReplicaRow, 0, len(doc.Replicas)),
@@ -194,11 +197,45 @@ func buildCardView(doc Card, now time.Time) uiCardView {
 				"cold_replaced":  uiCount(r.ColdReplaced),
 				"ended":          uiCount(r.Ended),
 				"bindings":       {V: r.Bindings, T: humanize.Comma(int64(r.Bindings)) + " (" + humanize.Comma(int64(r.Active)) + " active)"},
+				"working_set":    uiWorkingSet(r.WorkingSetTokens, r.KVCapacityTokens, r.Full),
 				"state":          state,
 			},
 		})
 	}
 	return v
+}
+
+// uiAdmission renders admission's state for the card's head: "on · 3
+// waiting (mean wait 12 s)", "off", "not in force: <why>".
+func uiAdmission(a AdmissionRow) uiVal {
+	switch {
+	case !a.On:
+		return uiVal{V: "off", T: "off"}
+	case !a.Active:
+		return uiVal{V: "inactive", T: "not in force: " + a.Why}
+	}
+	t := "on · " + humanize.Comma(int64(a.Waiting)) + " waiting"
+	if a.MeanWaitS != nil {
+		t += " (mean wait " + humanize.FtoaWithDigits(*a.MeanWaitS, 1) + " s)"
+	}
+	if a.Refused > 0 {
+		t += " · " + humanize.Comma(int64(a.Refused)) + " refused"
+	}
+	return uiVal{V: a.Waiting, T: t}
+}
+
+// uiWorkingSet renders a replica's working set against its KV capacity:
+// "31.2 k of 36.8 k (85%)", with "full" while it takes no new conversation.
+func uiWorkingSet(ws int64, capacity *int64, full bool) uiVal {
+	t := uiTokenCount(uint64(max(ws, 0))).T
+	if capacity == nil {
+		return uiVal{V: ws, T: t + " of unknown"}
+	}
+	t += " of " + uiTokenCount(uint64(*capacity)).T + " (" + uiPct(float64(ws)/float64(*capacity)).T + ")"
+	if full {
+		t += " · full"
+	}
+	return uiVal{V: ws, T: t}
 }
 
 // uiChartPoints is how many points the chart draws for the hour.

@@ -118,5 +118,8 @@ func (r *Router) End(key string, now time.Time) bool {
 	}
 	r.reps[r.b.ents[e].rep].ended++
 	r.removeEntry(e)
+	if len(r.queue) > 0 {
+		r.admitQueued(r.clock) // its room is free
+	}
 	return true
 }

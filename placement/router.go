@@ -369,6 +369,15 @@ func (r *Router) SetAffinity(on bool) {
 	r.mu.Unlock()
 }
 
+// SetAdmission turns working-set admission on or off; turned off, every
+// waiting conversation is admitted at once.
+func (r *Router) SetAdmission(on bool) {
+	r.mu.Lock()
+	r.cfg.AdmissionOff = !on
+	r.refreshAdmission()
+	r.mu.Unlock()
+}
+
 // Affinity reports whether conversation affinity is on.
 func (r *Router) Affinity() bool {
 	r.mu.Lock()
@@ -888,6 +897,9 @@ func (r *Router) Unbind(key string) bool {
 		return false
 	}
 	r.removeEntry(e)
+	if len(r.queue) > 0 {
+		r.admitQueued(r.clock) // its room is free
+	}
 	return true
 }
 

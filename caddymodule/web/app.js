@@ -92,13 +92,16 @@
   }
 
   // Card page.
-  var replicaCols = ["id", "held", "sticky", "spill_accepted", "client_pinned", "run_wait", "kv", "hit", "delivered", "restarted", "cold_replaced", "ended", "bindings", "state"];
+  var replicaCols = ["id", "held", "sticky", "spill_accepted", "client_pinned", "run_wait", "kv", "hit", "delivered", "restarted", "cold_replaced", "ended", "bindings", "working_set", "state"];
   var writable = false;
   var affinityOn = null;
 
   function renderCard(view) {
     Object.keys(view.head).forEach(function (k) { set($("h-" + k), view.head[k]); });
     set($("since"), view.since);
+    var warn = $("warning");
+    if (warn.textContent !== (view.warning || "")) { warn.textContent = view.warning || ""; }
+    warn.hidden = !view.warning;
     affinityOn = view.head.affinity.v;
     setClass($("h-affinity"), "off", !affinityOn);
     writable = !!view.writable;

@@ -1,0 +1,139 @@
+package caddymodule
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/dustin/go-humanize"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/lmwarden/caddy-lmwarden/placement"
+)
+
+// admissionWait is the time new conversations' first requests waited for
+// admission, by how the wait ended: admitted (room appeared), wait_limit
+// (admit_wait reached, admitted anyway) or cancelled (the client left).
+var admissionWait = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+	Name:    "lm_warden_admission_wait_seconds",
+	Help:    "Time a new conversation's first request waited for room in the replicas' KV caches, by outcome: admitted, wait_limit (admitted at admit_wait), cancelled (the client left).",
+	Buckets: []float64{0.1, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 180, 300, 600},
+}, []string{"model", "outcome"})
+
+// await holds a new conversation's first request until the router admits
+// it, its deadline (admit_wait) passes, or its client goes away. Nothing is
+// left behind: the timer is stopped, and a ticket admitted while its
+// client left gives its slot back.
+func (m *modelState) await(ctx context.Context, tk *placement.Ticket) (placement.Decision, error) {
+	start := time.Now()
+	timer := time.NewTimer(time.Until(tk.Deadline()))
+	defer timer.Stop()
+	select {
+	case <-tk.Ready():
+	case <-timer.C:
+		tk.Force(time.Now())
+		<-tk.Ready()
+	case <-ctx.Done():
+		if !tk.Cancel() {
+			// admitted as the client left
+			if d, err := tk.Decision(); err == nil {
+				d.Release()
+			}
+		}
+		admissionWait.WithLabelValues(m.name, "cancelled").Observe(time.Since(start).Seconds())
+		return placement.Decision{}, ctx.Err()
+	}
+	outcome := "admitted"
+	if tk.Forced() {
+		outcome = "wait_limit"
+	}
+	admissionWait.WithLabelValues(m.name, outcome).Observe(time.Since(start).Seconds())
+	return tk.Decision()
+}
+
+// retryAfter is the Retry-After of a refused request: the mean wait of the
+// conversations admitted so far, at least a second, at most admit_wait.
+func retryAfter(a placement.AdmissionSnapshot) int {
+	wait := a.Wait
+	if n := a.AdmittedAfterWait + a.AdmittedAtLimit; n > 0 {
+		wait = min(wait, a.WaitedTotal/time.Duration(n))
+	}
+	return max(1, int(math.Ceil(wait.Seconds())))
+}
+
+// refuse answers a request the admission queue had no room for: 429 with
+// Retry-After and an error in the request's API format, or the error for
+// handle_errors routes (ErrorResponse as for the handler's other errors).
+func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, st *routeState) error {
+	a := st.model.router.Snapshot().Admission
+	secs := retryAfter(a)
+	w.Header().Set("Retry-After", strconv.Itoa(secs))
+	msg := fmt.Sprintf("model %s is at capacity: %d conversations are waiting for room in the replicas' KV caches (admit_queue %d); retry in %d s",
+		st.model.name, a.Waiting, a.QueueLimit, secs)
+	err := caddyhttp.Error(http.StatusTooManyRequests, fmt.Errorf("%s", msg))
+	if h.ErrorResponse == "caddy" || hasErrorRoutes(r) {
+		return err
+	}
+	writeAPIError(w, st.api, http.StatusTooManyRequests, msg)
+	if h.logger != nil {
+		h.logger.Debug("admission queue full: request refused", zap.String("key", st.key),
+			zap.String("model", st.model.name), zap.Int("waiting", a.Waiting), zap.Int("retry_after_s", secs))
+	}
+	return nil
+}
+
+// overcommitMessage says, in plain words, that the active conversations
+// hold more context than the replicas cache; "" when they do not.
+func overcommitMessage(a placement.AdmissionSnapshot) string {
+	if !a.Overcommitted() {
+		return ""
+	}
+	msg := fmt.Sprintf("active conversations hold %s tokens; the replicas cache %s: expect low cache hits",
+		shortTokens(a.WorkingSetTokens+a.WaitingTokens), shortTokens(a.CapacityTokens))
+	switch {
+	case a.Active && a.Waiting > 0:
+		msg += fmt.Sprintf(", admission is holding %d conversation%s", a.Waiting, plural(a.Waiting))
+	case !a.Active && a.On:
+		msg += "; admission is not in force: " + a.Why
+	case !a.On:
+		msg += "; admission is off"
+	}
+	return msg
+}
+
+func shortTokens(n int64) string {
+	v, unit := humanize.ComputeSI(float64(n))
+	return strconv.FormatFloat(math.Round(v), 'f', -1, 64) + unit
+}
+
+func plural(n int) string {
+	if n == 1 {
+		return ""
+	}
+	return "s"
+}
+
+// checkOvercommit logs when the active conversations come to hold more
+// than the replicas cache, once per episode, and when that ends.
+func (m *modelState) checkOvercommit(a placement.AdmissionSnapshot) {
+	msg := overcommitMessage(a)
+	m.mu.Lock()
+	was := m.overcommitted
+	m.overcommitted = msg != ""
+	l := m.logger
+	m.mu.Unlock()
+	switch {
+	case msg != "" && !was:
+		l.Warn(msg, zap.String("model", m.name), zap.Int64("working_set_tokens", a.WorkingSetTokens),
+			zap.Int64("waiting_tokens", a.WaitingTokens), zap.Int64("capacity_tokens", a.CapacityTokens),
+			zap.Int("waiting", a.Waiting))
+	case msg == "" && was:
+		l.Info("active conversations fit the replicas' KV caches again", zap.String("model", m.name),
+			zap.Int64("working_set_tokens", a.WorkingSetTokens), zap.Int64("capacity_tokens", a.CapacityTokens))
+	}
+}

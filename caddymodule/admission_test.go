@@ -1,0 +1,312 @@
+package caddymodule
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// admissionSite starts one emulated replica behind Caddy with admission
+// sized so that one resident conversation leaves no room for a second of
+// bigTurn's size: kv_tokens 1000, and a conversation stays resident for
+// admit_window 10m after its turn. extra goes into the policy block.
+func admissionSite(t *testing.T, model, extra, proxyExtra string) string {
+	t.Helper()
+	_, dials := startEmulator(t, 1, 50)
+	loadSite(t, fmt.Sprintf(`
+	lm_warden
+	reverse_proxy %s {
+		lb_policy lm_warden {
+			model %s
+			poll_interval 100ms
+			kv_tokens 1000
+			admit_window 10m
+			%s
+		}
+		flush_interval -1
+		%s
+	}`, dials[0], model, extra, proxyExtra))
+	waitFor(t, "admission in force", func() bool { return getCard(t, model).Admission.Active })
+	return dials[0]
+}
+
+// bigTurn is a conversation's first request of about 2,000 estimated
+// tokens: it fits an empty 1,000-token replica (anything does) but never
+// beside another conversation.
+func bigTurn(session string) string {
+	return chatTurnBody(session, strings.Repeat("Please look at this file and fix the bug. ", 150))
+}
+
+func chatTurnBody(session, text string) string {
+	b, _ := json.Marshal(map[string]any{
+		"model": "qwen3-4b", "max_tokens": 8,
+		"system":   "You are a coding agent.",
+		"messages": []map[string]any{{"role": "user", "content": session + ": " + text}},
+	})
+	return string(b)
+}
+
+// postAsync sends a request in the background and delivers its result.
+func postAsync(ctx context.Context, path, body string, hdr map[string]string) <-chan turnResult {
+	out := make(chan turnResult, 1)
+	go func() {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, siteURL+path, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		for k, v := range hdr {
+			req.Header.Set(k, v)
+		}
+		resp, err := testClient.Do(req)
+		if err != nil {
+			out <- turnResult{status: -1, body: err.Error()}
+			return
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		res := turnResult{status: resp.StatusCode, body: string(b), header: resp.Header}
+		res.replica, res.reason, _ = strings.Cut(resp.Header.Get(RouteHeader), "; ")
+		out <- res
+	}()
+	return out
+}
+
+func session(id string) map[string]string { return map[string]string{"X-Claude-Code-Session-Id": id} }
+
+func waitingNow(t *testing.T, model string) int { return getCard(t, model).Admission.Waiting }
+
+// TestAdmissionHoldsNewConversations drives working-set admission through
+// real Caddy: a new conversation that does not fit is held, in Caddy, with
+// its body; turns of the admitted conversation pass; beyond admit_queue
+// new conversations get 429 in their API's format; a config reload keeps
+// the held request; room appearing (the resident conversation unpinned)
+// lets it through, and it is answered.
+func TestAdmissionHoldsNewConversations(t *testing.T) {
+	const model = "adm-hold"
+	admissionSite(t, model, "admit_queue 1", "")
+	first := sendTurn(t, "/v1/messages", bigTurn("A"), session("A"))
+	if first.status != 200 || first.reason != "placed" {
+		t.Fatalf("A: %d %s %s", first.status, first.reason, first.body)
+	}
+	held := postAsync(context.Background(), "/v1/messages", bigTurn("B"), session("B"))
+	waitFor(t, "B waiting", func() bool { return waitingNow(t, model) == 1 })
+
+	// a turn of the admitted conversation never waits
+	if r := sendTurn(t, "/v1/messages", bigTurn("A"), session("A")); r.status != 200 || r.reason != "sticky" {
+		t.Fatalf("A's next turn while B waits: %d %s", r.status, r.reason)
+	}
+
+	// the queue is full: refused, with Retry-After, in each API's format
+	for _, tc := range []struct {
+		path, wantType string
+		check          func(map[string]any) bool
+	}{
+		{"/v1/messages", "rate_limit_error", func(m map[string]any) bool { return m["type"] == "error" }},
+		{"/v1/chat/completions", "rate_limit_exceeded", func(m map[string]any) bool {
+			e, _ := m["error"].(map[string]any)
+			return e != nil && e["code"] == float64(429)
+		}},
+	} {
+		r := sendTurn(t, tc.path, bigTurn("C"), session("C"))
+		var m map[string]any
+		_ = json.Unmarshal([]byte(r.body), &m)
+		e, _ := m["error"].(map[string]any)
+		if r.status != http.StatusTooManyRequests || r.header.Get("Retry-After") == "" || e == nil || e["type"] != tc.wantType || !tc.check(m) ||
+			!strings.Contains(fmt.Sprint(e["message"]), "waiting for room") {
+			t.Fatalf("%s with the queue full: %d Retry-After %q %s", tc.path, r.status, r.header.Get("Retry-After"), r.body)
+		}
+	}
+
+	// a reload keeps the queue and the held request
+	admissionSiteReload(t, model)
+	if n := waitingNow(t, model); n != 1 {
+		t.Fatalf("after a reload %d waiting, want 1", n)
+	}
+	select {
+	case r := <-held:
+		t.Fatalf("B answered before room appeared: %d %s", r.status, r.body)
+	default:
+	}
+
+	// room: A is unpinned; B goes on and is answered
+	req, _ := http.NewRequest(http.MethodDelete, fmt.Sprintf("http://localhost:%d/lm-warden/models/%s/sessions/A", testAdminPort, model), nil)
+	resp, err := testClient.Do(req)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("unpinning A: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	select {
+	case r := <-held:
+		if r.status != 200 || r.reason != "placed" {
+			t.Fatalf("B after room appeared: %d %s %s", r.status, r.reason, r.body)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("B still held 5 s after room appeared")
+	}
+	a := getCard(t, model).Admission
+	if a.Queued != 1 || a.AdmittedAfterWait != 1 || a.Refused != 2 || a.Waiting != 0 || a.MeanWaitS == nil {
+		t.Fatalf("admission counters %+v", a)
+	}
+	fams := adminMetrics(t)
+	var admittedObs uint64
+	for _, m := range fams["lm_warden_admission_wait_seconds"].GetMetric() {
+		labels := map[string]string{}
+		for _, l := range m.GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		if labels["model"] == model && labels["outcome"] == "admitted" {
+			admittedObs = m.GetHistogram().GetSampleCount()
+		}
+	}
+	if admittedObs != 1 {
+		t.Fatalf("wait histogram: %d admitted observations, want 1", admittedObs)
+	}
+	for _, name := range []string{"lm_warden_admission_refused_total", "lm_warden_admission_queued_total"} {
+		found := false
+		for _, m := range fams[name].GetMetric() {
+			for _, l := range m.GetLabel() {
+				found = found || (l.GetName() == "model" && l.GetValue() == model)
+			}
+		}
+		if !found {
+			t.Errorf("no %s sample for %s", name, model)
+		}
+	}
+}
+
+// admissionSiteReload reloads the running configuration with a change the
+// proxy notices (an added request header), keeping the policy's settings.
+func admissionSiteReload(t *testing.T, model string) {
+	t.Helper()
+	card := getCard(t, model)
+	loadSite(t, fmt.Sprintf(`
+	lm_warden
+	reverse_proxy %s {
+		lb_policy lm_warden {
+			model %s
+			poll_interval 100ms
+			kv_tokens 1000
+			admit_window 10m
+			admit_queue 1
+		}
+		flush_interval -1
+		header_up X-Reloaded 1
+	}`, card.Replicas[0].ID, model))
+}
+
+// TestAdmissionWaitLimit: a conversation held for admit_wait is admitted
+// on the best replica anyway, and answered.
+func TestAdmissionWaitLimit(t *testing.T) {
+	const model = "adm-limit"
+	admissionSite(t, model, "admit_wait 300ms", "")
+	if r := sendTurn(t, "/v1/messages", bigTurn("A"), session("A")); r.status != 200 {
+		t.Fatalf("A: %d", r.status)
+	}
+	start := time.Now()
+	r := sendTurn(t, "/v1/chat/completions", bigTurn("B"), session("B"))
+	if r.status != 200 || r.reason != "placed" {
+		t.Fatalf("B: %d %s %s", r.status, r.reason, r.body)
+	}
+	if d := time.Since(start); d < 300*time.Millisecond {
+		t.Fatalf("B answered after %v, before admit_wait", d)
+	}
+	if a := getCard(t, model).Admission; a.AdmittedAtLimit != 1 || a.Waiting != 0 {
+		t.Fatalf("admission counters %+v", a)
+	}
+}
+
+// TestAdmissionCancelledLeaveNothing: 1,000 held requests whose clients
+// give up leave the queue at once, each counted, and leave no goroutine
+// behind.
+func TestAdmissionCancelledLeaveNothing(t *testing.T) {
+	const model = "adm-cancel"
+	admissionSite(t, model, "", "")
+	if r := sendTurn(t, "/v1/messages", bigTurn("A"), session("A")); r.status != 200 {
+		t.Fatalf("A: %d", r.status)
+	}
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+	settle := func() int {
+		client.CloseIdleConnections()
+		testClient.CloseIdleConnections()
+		runtime.GC()
+		time.Sleep(200 * time.Millisecond)
+		return runtime.NumGoroutine()
+	}
+	baseline := settle()
+	const total, workers = 1000, 50
+	var next, cancelledByClient atomic.Int64
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := next.Add(1) - 1
+				if i >= total {
+					return
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 40*time.Millisecond)
+				id := fmt.Sprint("gone-", i)
+				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, siteURL+"/v1/messages", strings.NewReader(bigTurn(id)))
+				req.Header.Set("Content-Type", "application/json")
+				req.Header.Set("X-Claude-Code-Session-Id", id)
+				resp, err := client.Do(req)
+				if err == nil {
+					resp.Body.Close()
+					t.Errorf("request %d answered %d while A holds the replica", i, resp.StatusCode)
+				} else {
+					cancelledByClient.Add(1)
+				}
+				cancel()
+			}
+		}()
+	}
+	wg.Wait()
+	waitFor(t, "the queue to empty", func() bool {
+		a := getCard(t, model).Admission
+		return a.Waiting == 0 && a.Cancelled == total
+	})
+	var after int
+	waitFor(t, "goroutines to settle", func() bool {
+		after = settle()
+		return after <= baseline+10
+	})
+	a := getCard(t, model).Admission
+	t.Logf("%d requests cancelled by their clients; queued %d, cancelled %d, admitted %d; goroutines %d → %d",
+		cancelledByClient.Load(), a.Queued, a.Cancelled, a.AdmittedAfterWait+a.AdmittedAtLimit, baseline, after)
+	if a.AdmittedAfterWait+a.AdmittedAtLimit != 0 {
+		t.Fatalf("admitted %d of the cancelled requests", a.AdmittedAfterWait+a.AdmittedAtLimit)
+	}
+}
+
+// TestAdmissionUnknownCapacity: replicas that export no KV capacity (the
+// fake vLLM) leave admission out of the way, and the card says why.
+func TestAdmissionUnknownCapacity(t *testing.T) {
+	fs := startFakes(t, 2)
+	loadSite(t, fmt.Sprintf(`
+	lm_warden
+	reverse_proxy %s {
+		%s
+	}`, dialList(fs), policyBlock("adm-unknown", "")))
+	waitFor(t, "a poll", func() bool { return getCard(t, "adm-unknown").Replicas[0].Reachable })
+	for i := range 6 {
+		if r := sendTurn(t, "/v1/messages", chatTurn(fmt.Sprint("u", i), 1, false), session(fmt.Sprint("u", i))); r.status != 200 {
+			t.Fatalf("conversation %d: %d", i, r.status)
+		}
+	}
+	a := getCard(t, "adm-unknown").Admission
+	if !a.On || a.Active || !strings.Contains(a.Why, "kv_tokens") || a.Queued != 0 {
+		t.Fatalf("admission %+v: want on, not in force, saying to set kv_tokens", a)
+	}
+	for _, r := range getCard(t, "adm-unknown").Replicas {
+		if r.KVCapacityTokens != nil {
+			t.Fatalf("%s capacity %d, want null", r.ID, *r.KVCapacityTokens)
+		}
+	}
+}

@@ -32,6 +32,11 @@ const RankHeader = "X-Data-Parallel-Rank"
 // "X-LM-Warden-Route: 10.0.0.5:8001; sticky".
 const RouteHeader = "X-LM-Warden-Route"
 
+// WaitHeader is the response header, sent with RouteHeader, of a request
+// that waited for admission: the seconds it was held, e.g.
+// "X-LM-Warden-Wait: 12.345".
+const WaitHeader = "X-LM-Warden-Wait"
+
 // Policy is the lm_warden reverse_proxy selection policy: it sends every turn
 // of a conversation to the replica that served the previous turn (where its
 // prefix is cached) unless that replica is over the spill threshold, and
@@ -554,8 +559,11 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 		}
 	}
 	dec, tk, err := p.m.router.Admit(req)
+	var waited time.Duration
 	if tk != nil {
+		start := time.Now()
 		dec, err = p.m.await(r.Context(), tk)
+		waited = time.Since(start)
 	}
 	if err != nil {
 		if errors.Is(err, placement.ErrQueueFull) {
@@ -579,6 +587,9 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 	}
 	if p.routeHeader && w != nil {
 		w.Header()[routeHeaderKey] = []string{at.routes[reason]}
+		if tk != nil {
+			w.Header().Set(WaitHeader, strconv.FormatFloat(waited.Seconds(), 'f', 3, 64))
+		}
 	}
 	if vars != nil {
 		vars[VarReplica] = at.id

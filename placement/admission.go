@@ -19,9 +19,10 @@ const (
 	// working set must fall, once it reached the mark, before the replica
 	// takes new conversations again (a fraction of its capacity).
 	AdmitHysteresis = 0.1
-	// MinResident is the shortest time a conversation counts in its
-	// replica's working set after its last turn ended.
-	MinResident = 2 * time.Second
+	// minResidentShare: the shortest time a conversation counts in its
+	// replica's working set after its last turn ended is AdmitWindow over
+	// this (2 s of the default minute).
+	minResidentShare = 30
 	// residentGaps: a conversation whose pauses between turns are known
 	// counts for this many times its longest pause after a turn ends.
 	residentGaps = 2
@@ -96,13 +97,17 @@ func (r *Router) capacity(p *replica) int64 {
 }
 
 // footprint is the part of the conversation's context its replica holds
-// for it alone: its context minus what it shared with the replica's cache
-// when it arrived (the common system prompt).
-func footprint(en *entry) int64 {
-	if en.shared < en.ctx {
-		return int64(en.ctx - en.shared)
+// for it alone: its context minus what it shares with the replica's other
+// conversations, which is what it found cached when it arrived or, when
+// more, what new conversations find cached there (the common system
+// prompt: a conversation that arrived on a cold replica put it there and
+// shares it as much as those after it). r.mu held.
+func (r *Router) footprint(en *entry) int64 {
+	shared := en.shared
+	if p := r.reps[en.rep]; p != nil {
+		shared = max(shared, p.base)
 	}
-	return int64(en.ctx)
+	return int64(en.ctx - min(shared, en.ctx))
 }
 
 // projected is what the conversation of en is counted with: its footprint,
@@ -110,7 +115,7 @@ func footprint(en *entry) int64 {
 // conversations at what they grow to keeps a replica from taking new ones
 // while those it holds are young, only to run out of KV as they grow.
 func (r *Router) projected(en *entry) int64 {
-	return max(footprint(en), r.peak())
+	return max(r.footprint(en), r.peak())
 }
 
 // noteTurn records a finished turn's footprint for peak. r.mu held.
@@ -143,12 +148,12 @@ func (r *Router) peak() int64 {
 
 // resident is how long after its last turn ended the conversation still
 // counts in its replica's working set: with its pauses measured, twice the
-// longest (at least MinResident), else the whole AdmitWindow; never more
-// than AdmitWindow.
+// longest (at least AdmitWindow/minResidentShare), else the whole
+// AdmitWindow; never more than AdmitWindow.
 func (r *Router) resident(en *entry) int64 {
 	w := int64(r.cfg.AdmitWindow)
 	if en.flags&flagGap != 0 {
-		g := max(int64(MinResident), residentGaps*int64(en.gap)*int64(time.Millisecond))
+		g := max(w/minResidentShare, residentGaps*int64(en.gap)*int64(time.Millisecond))
 		w = min(w, g)
 	}
 	return w
@@ -156,8 +161,8 @@ func (r *Router) resident(en *entry) int64 {
 
 // workingSet is p's resident working set at now, in tokens: the footprints
 // of the conversations in flight there and of those whose last turn ended
-// within their resident time, plus the largest shared part among them (the
-// system prompt, held once). r.mu held.
+// within their resident time, plus the part they share (the system prompt,
+// held once). r.mu held.
 func (r *Router) workingSet(p *replica, now int64) int64 {
 	ws, base := r.residentSet(p, now)
 	return ws + base
@@ -167,20 +172,21 @@ func (r *Router) workingSet(p *replica, now int64) int64 {
 // part apart. r.mu held.
 func (r *Router) residentSet(p *replica, now int64) (own, shared int64) {
 	ws := p.busyFP
-	var base uint32
 	horizon := now - int64(r.cfg.AdmitWindow)
 	for e := p.head; e != nilIdx; e = r.b.ents[e].rnext {
 		en := &r.b.ents[e]
 		if en.last < horizon {
 			break
 		}
-		base = max(base, en.shared)
 		if en.busy > 0 || now-en.last > r.resident(en) {
 			continue // in flight (counted in busyFP), or gone quiet
 		}
 		ws += r.projected(en)
 	}
-	return ws, int64(base)
+	if ws == 0 {
+		return 0, 0
+	}
+	return ws, int64(p.base)
 }
 
 // fits reports whether a new conversation of est tokens may be placed on p

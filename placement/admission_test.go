@@ -318,7 +318,7 @@ func TestAdmissionRules(t *testing.T) {
 
 // TestResidentTime: a conversation counts in its replica's working set
 // while in flight, and after its turn for twice its longest pause (at least
-// MinResident), or AdmitWindow before a pause was seen.
+// AdmitWindow/30), or AdmitWindow before a pause was seen.
 func TestResidentTime(t *testing.T) {
 	r := admitRouter(1, 100000, Config{AdmitWindow: time.Minute})
 	ws := func(at time.Time) int64 {

@@ -77,8 +77,11 @@ func (r *Router) Feedback(t Turn) (predicted int, cold bool) {
 	en.ctx = uint32(min(t.Prompt+max(t.Completion, 0), 1<<32-1))
 	if t.Reason != ReasonSticky && t.Reason != ReasonStayedOverloaded {
 		en.shared = uint32(min(t.Cached, t.Prompt))
+		if t.Reason == ReasonPlaced && en.shared > 0 {
+			p.base = en.shared // what a new conversation shares here
+		}
 	}
-	r.noteTurn(footprint(en))
+	r.noteTurn(r.footprint(en))
 	return predicted, cold
 }
 

@@ -246,6 +246,10 @@ type replica struct {
 	polled bool  // a poll has reached it
 	full   bool  // reached the high-water mark and not yet below the low-water mark
 	busyFP int64 // footprints of the conversations' turns in flight here (admission)
+	// base is what the last new conversation placed here found cached on
+	// its first turn: the part conversations share here (the system
+	// prompt), held once (admission)
+	base uint32
 }
 
 func (p *replica) running() int {
@@ -714,7 +718,7 @@ func (r *Router) spillTarget(e int32, from *replica, now int64, ok func(*replica
 	if !r.admit {
 		return r.bestWith(now, func(q *replica) bool { return q != from && ok(q) })
 	}
-	fp := footprint(&r.b.ents[e])
+	fp := r.projected(&r.b.ents[e])
 	return r.bestWith(now, func(q *replica) bool { return q != from && ok(q) && r.fits(q, fp, now) })
 }
 

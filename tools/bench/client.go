@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -26,6 +27,9 @@ const (
 const (
 	// RouteHeader is LM Warden's "<replica>; <reason>" answer header.
 	RouteHeader = "X-LM-Warden-Route"
+	// WaitHeader is LM Warden's answer header saying how many seconds a
+	// new conversation's first request waited for admission.
+	WaitHeader = "X-LM-Warden-Wait"
 	// EngineHeader is the emulator's (and the demo's) engine header.
 	EngineHeader = "X-Emu-Engine"
 )
@@ -52,6 +56,9 @@ type TurnResult struct {
 	CachedTokens           int // from usage, -1 when not reported
 	Replica                string
 	Route                  string // the raw X-LM-Warden-Route header
+	// Waited is how long LM Warden held the request for admission
+	// (X-LM-Warden-Wait); 0 when it was not held.
+	Waited time.Duration
 }
 
 // Send streams turn t of sess. The replica is the emulator's engine header
@@ -101,6 +108,11 @@ func (c *Client) Send(ctx context.Context, sess *Session, t int) (TurnResult, er
 	}
 	defer resp.Body.Close()
 	res.Route = resp.Header.Get(RouteHeader)
+	if v := resp.Header.Get(WaitHeader); v != "" {
+		if secs, err := strconv.ParseFloat(v, 64); err == nil && secs > 0 && secs < 1e6 {
+			res.Waited = time.Duration(secs * float64(time.Second))
+		}
+	}
 	res.Replica = resp.Header.Get(EngineHeader)
 	if res.Replica == "" && res.Route != "" {
 		res.Replica = strings.TrimSpace(strings.SplitN(res.Route, ";", 2)[0])

@@ -48,6 +48,10 @@ type HTTPConfig struct {
 	// context ends with the stage, and the stage waits for it to return
 	// (a fault injected with it is lifted before the next stage).
 	OnStage func(ctx context.Context)
+	// EndSession, when set, is called at a stage's end for every session
+	// its clients were running (by their ID): the clients go away, and the
+	// router is told, so the next stage's placement does not count them.
+	EndSession func(ctx context.Context, id string)
 }
 
 // PlainProgressEvery is how often a stage's progress is written as a plain
@@ -156,11 +160,12 @@ func (r *httpRun) stage(ctx context.Context, mode string, n int) Stage {
 			r.cfg.OnStage(sctx)
 		}()
 	}
+	last := make([]string, n) // each client's session when the stage ended
 	for i := range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r.client(sctx, StartTurn(i, n, r.cfg.Workload.Turns))
+			last[i] = r.client(sctx, StartTurn(i, n, r.cfg.Workload.Turns))
 		}()
 	}
 	done := make(chan struct{})
@@ -177,6 +182,13 @@ func (r *httpRun) stage(ctx context.Context, mode string, n int) Stage {
 			running = false
 		case <-tick.C:
 			r.progress(label, start, w, first)
+		}
+	}
+	if r.cfg.EndSession != nil {
+		for _, id := range last {
+			if id != "" {
+				r.cfg.EndSession(ctx, id)
+			}
 		}
 	}
 	r.mu.Lock()
@@ -207,17 +219,19 @@ func (r *httpRun) stage(ctx context.Context, mode string, n int) Stage {
 }
 
 // client is one closed-loop session slot: it runs sessions back to back
-// until ctx ends, the first one from turn start.
-func (r *httpRun) client(ctx context.Context, start int) {
+// until ctx ends, the first one from turn start, and returns the ID of the
+// session it was running then.
+func (r *httpRun) client(ctx context.Context, start int) (last string) {
 	for ctx.Err() == nil {
 		r.genMu.Lock()
 		sess := r.gen.NextAt(start)
 		r.genMu.Unlock()
+		last = sess.ID
 		for t := start; t < sess.Turns(); t++ {
 			if t > start && sess.Think[t] > 0 {
 				select {
 				case <-ctx.Done():
-					return
+					return last
 				case <-time.After(r.wall(sess.Think[t])):
 				}
 			}
@@ -231,6 +245,9 @@ func (r *httpRun) client(ctx context.Context, start int) {
 			if !res.FirstToken.IsZero() {
 				rec.FirstToken = r.engineAt(res.FirstToken)
 			}
+			if res.Waited > 0 && !res.Sent.IsZero() {
+				rec.Routed = r.engineAt(res.Sent.Add(res.Waited))
+			}
 			rec.End = r.engineNow()
 			switch {
 			case ctx.Err() != nil:
@@ -242,13 +259,13 @@ func (r *httpRun) client(ctx context.Context, start int) {
 			r.turns = append(r.turns, rec)
 			r.mu.Unlock()
 			if rec.Aborted {
-				return
+				return last
 			}
 			if rec.Err {
 				// Give up on the session; a new one takes its place.
 				select {
 				case <-ctx.Done():
-					return
+					return last
 				case <-time.After(100 * time.Millisecond):
 				}
 				break
@@ -257,6 +274,7 @@ func (r *httpRun) client(ctx context.Context, start int) {
 		}
 		start = 0
 	}
+	return last
 }
 
 func (r *httpRun) progress(label string, start time.Duration, w Window, first int) {

@@ -12,7 +12,8 @@ import (
 )
 
 // CaddySwitcher switches a running Caddy between the modes of a run:
-// affinity off and on through LM Warden's admin API, and Caddy's own
+// affinity off and on, and admission (the admit mode), through LM
+// Warden's admin API, and Caddy's own
 // selection policies by replacing the reverse proxy's selection_policy
 // through Caddy's config API (the LM Warden policy is put back, as it was,
 // before the next off/on stage).
@@ -63,15 +64,20 @@ func (c *CaddySwitcher) do(ctx context.Context, method, path string, body []byte
 // SetMode switches Caddy to mode.
 func (c *CaddySwitcher) SetMode(ctx context.Context, mode string) error {
 	switch mode {
-	case ModeOff, ModeOn:
+	case ModeOff, ModeOn, ModeAdmit:
 		if c.replaced {
 			if _, err := c.do(ctx, http.MethodPatch, c.LBPath, c.original); err != nil {
 				return fmt.Errorf("restoring the lm_warden policy: %w", err)
 			}
 			c.replaced = false
 		}
-		body, _ := json.Marshal(map[string]bool{"affinity": mode == ModeOn})
-		_, err := c.do(ctx, http.MethodPut, "/lm-warden/models/"+url.PathEscape(c.Model)+"/affinity", body)
+		base := "/lm-warden/models/" + url.PathEscape(c.Model)
+		body, _ := json.Marshal(map[string]bool{"affinity": mode != ModeOff})
+		if _, err := c.do(ctx, http.MethodPut, base+"/affinity", body); err != nil {
+			return err
+		}
+		body, _ = json.Marshal(map[string]bool{"admission": mode == ModeAdmit})
+		_, err := c.do(ctx, http.MethodPut, base+"/admission", body)
 		return err
 	}
 	if mode == ModeVLLMDP {

@@ -11,6 +11,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 
@@ -22,6 +23,7 @@ import (
 
 	_ "github.com/lmwarden/caddy-lmwarden/caddymodule"
 	"github.com/lmwarden/caddy-lmwarden/emulator"
+	"github.com/lmwarden/caddy-lmwarden/placement"
 	"github.com/lmwarden/caddy-lmwarden/tools/bench"
 )
 
@@ -98,7 +100,7 @@ func Run(ctx context.Context, cfg Config) (*bench.Report, error) {
 	// include vllm-dp.
 	dp := true
 	for _, m := range cfg.Modes {
-		if m != bench.ModeVLLMDP && m != bench.ModeOff && m != bench.ModeOn {
+		if m != bench.ModeVLLMDP && m != bench.ModeOff && m != bench.ModeOn && m != bench.ModeAdmit {
 			dp = false
 		}
 	}
@@ -148,6 +150,7 @@ func Run(ctx context.Context, cfg Config) (*bench.Report, error) {
 		maxSeqs:   cfg.Engine.MaxNumSeqs,
 		dpSize:    dpSize,
 		poll:      max(100*time.Millisecond, time.Duration(float64(time.Second)/cfg.Speed)),
+		speed:     cfg.Speed,
 		upstreams: srv.URLs(),
 		health:    cfg.HealthChecks,
 		rht:       cfg.ResponseHeaderTimeout,
@@ -189,6 +192,7 @@ func Run(ctx context.Context, cfg Config) (*bench.Report, error) {
 		Stages:       cfg.Stages,
 		Modes:        cfg.Modes,
 		SetMode:      func(ctx context.Context, mode string) error { return px.setMode(ctx, mode) },
+		EndSession:   px.endSession,
 		Policy:       bench.PolicyOf,
 		StageLength:  cfg.StageLength,
 		Warmup:       cfg.Warmup,
@@ -220,6 +224,7 @@ type demoProxy struct {
 	maxSeqs              int
 	dpSize               int // engines behind the one upstream (1: one upstream per replica)
 	poll                 time.Duration
+	speed                float64
 	upstreams            []string
 	mode                 string
 	health               bool
@@ -236,13 +241,19 @@ func (p *demoProxy) Caddyfile(mode string) string {
 	fmt.Fprintf(&b, "{\n\tadmin %s\n\tpersist_config off\n\tauto_https off\n\tlog {\n\t\tlevel ERROR\n\t}\n}\n\n", p.admin)
 	fmt.Fprintf(&b, "http://%s {\n\tbind 127.0.0.1\n", p.listen)
 	switch mode {
-	case bench.ModeOff, bench.ModeOn:
-		aff := "on"
+	case bench.ModeOff, bench.ModeOn, bench.ModeAdmit:
+		aff, adm := "on", "off"
 		if mode == bench.ModeOff {
 			aff = "off"
 		}
+		if mode == bench.ModeAdmit {
+			adm = "on"
+		}
 		fmt.Fprintf(&b, "\tlm_warden\n\treverse_proxy %s {\n", strings.Join(ups, " "))
-		fmt.Fprintf(&b, "\t\tlb_policy lm_warden {\n\t\t\tmodel %s\n\t\t\taffinity %s\n\t\t\tmax_num_seqs %d\n\t\t\tpoll_interval %s\n", p.model, aff, p.maxSeqs, p.poll)
+		fmt.Fprintf(&b, "\t\tlb_policy lm_warden {\n\t\t\tmodel %s\n\t\t\taffinity %s\n\t\t\tadmission %s\n\t\t\tmax_num_seqs %d\n\t\t\tpoll_interval %s\n", p.model, aff, adm, p.maxSeqs, p.poll)
+		// Admission's times are the engine's: at speed × they pass that
+		// much faster (as the poll interval does).
+		fmt.Fprintf(&b, "\t\t\tadmit_window %s\n\t\t\tadmit_wait %s\n", p.scaled(placement.DefaultAdmitWindow), p.scaled(placement.DefaultAdmitWait))
 		if p.dpSize > 1 {
 			fmt.Fprintf(&b, "\t\t\tdata_parallel_size %d\n", p.dpSize)
 		}
@@ -288,9 +299,13 @@ func (p *demoProxy) setMode(ctx context.Context, mode string) error {
 	if mode == p.mode {
 		return nil
 	}
-	lmw := func(m string) bool { return m == bench.ModeOff || m == bench.ModeOn }
+	lmw := func(m string) bool { return bench.PolicyOf(m) == "lm_warden" }
 	if lmw(mode) && lmw(p.mode) {
-		if err := p.putAffinity(ctx, mode == bench.ModeOn); err == nil {
+		err := p.put(ctx, "affinity", mode != bench.ModeOff)
+		if err == nil {
+			err = p.put(ctx, "admission", mode == bench.ModeAdmit)
+		}
+		if err == nil {
 			p.mode = mode
 			return nil
 		}
@@ -298,9 +313,35 @@ func (p *demoProxy) setMode(ctx context.Context, mode string) error {
 	return p.load(mode)
 }
 
-func (p *demoProxy) putAffinity(ctx context.Context, on bool) error {
-	body, _ := json.Marshal(map[string]bool{"affinity": on})
-	url := fmt.Sprintf("http://%s/lm-warden/models/%s/affinity", p.admin, p.model)
+// scaled is an engine-time duration in wall time.
+func (p *demoProxy) scaled(d time.Duration) time.Duration {
+	return time.Duration(float64(d) / p.speed)
+}
+
+// endSession tells LM Warden a session's client went away at a stage's
+// end (its binding is dropped through the admin API), as the sim does, so
+// the next stage's placement and admission do not count it. A session
+// that was never bound (the other policies) is not an error.
+func (p *demoProxy) endSession(ctx context.Context, id string) {
+	if bench.PolicyOf(p.mode) != "lm_warden" {
+		return
+	}
+	u := fmt.Sprintf("http://%s/lm-warden/models/%s/sessions/%s", p.admin, p.model, url.PathEscape(id))
+	req, err := http.NewRequestWithContext(ctx, http.MethodDelete, u, nil)
+	if err != nil {
+		return
+	}
+	if resp, err := http.DefaultClient.Do(req); err == nil {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+}
+
+// put sets the router's affinity or admission through LM Warden's admin
+// API.
+func (p *demoProxy) put(ctx context.Context, what string, on bool) error {
+	body, _ := json.Marshal(map[string]bool{what: on})
+	url := fmt.Sprintf("http://%s/lm-warden/models/%s/%s", p.admin, p.model, what)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPut, url, bytes.NewReader(body))
 	if err != nil {
 		return err
@@ -308,12 +349,12 @@ func (p *demoProxy) putAffinity(ctx context.Context, on bool) error {
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return fmt.Errorf("switching affinity: %w", err)
+		return fmt.Errorf("switching %s: %w", what, err)
 	}
 	defer resp.Body.Close()
 	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("switching affinity: status %d: %s", resp.StatusCode, msg)
+		return fmt.Errorf("switching %s: status %d: %s", what, resp.StatusCode, msg)
 	}
 	return nil
 }

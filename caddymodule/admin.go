@@ -186,7 +186,7 @@ func (a adminAPI) handleModel(w http.ResponseWriter, r *http.Request) error {
 		if err := noAdminBody(r); err != nil {
 			return err
 		}
-		if !m.router.Unbind(key) {
+		if !m.unbind(key) {
 			return apiErr(http.StatusNotFound, "session %q is not bound", key)
 		}
 		return writeJSON(w, map[string]bool{"unbound": true})
@@ -258,6 +258,8 @@ type Card struct {
 	Since          time.Time    `json:"since"`
 	Writable       bool         `json:"writable"`
 	Replicas       []ReplicaRow `json:"replicas"`
+	// Store is the shared binding store's state; absent without one.
+	Store *StoreStatus `json:"store,omitempty"`
 }
 
 // ReplicaRow is one replica's row of the card.
@@ -351,6 +353,7 @@ func buildCard(m *modelState, now time.Time) Card {
 		MaxNumSeqs: s.MaxNumSeqs, StickyPct: s.StickyShare * 100, InFlight: s.InFlight,
 		Requests: s.Requests, KeyedRequests: s.KeyedRequests, Bindings: s.Bindings,
 		Since: s.Since.UTC(), Writable: true, Replicas: make([]ReplicaRow, 0, len(s.Replicas)),
+		Store: m.storeStatus(),
 	}
 	for _, r := range s.Replicas {
 		row := ReplicaRow{

@@ -134,6 +134,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 //	    data_parallel_size <n>
 //	    client_pin_header  <header>
 //	    route_header       on|off
+//	    store redis { ... }  (see unmarshalStore)
 //	}
 //
 // The model may also be given inline: `lb_policy lm_warden <name>`.
@@ -204,6 +205,10 @@ func (p *Policy) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.Errf("spill_waiting must be off or a positive integer, got %q", v)
 			}
 			p.SpillWaiting = n
+		case "store":
+			if err := p.unmarshalStore(d); err != nil {
+				return err
+			}
 		case "max_num_seqs", "max_sessions", "fail_after", "data_parallel_size":
 			n, err := parsePositive(d)
 			if err != nil {

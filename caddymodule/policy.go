@@ -124,6 +124,11 @@ type Policy struct {
 	// Default true.
 	RouteHeader *bool `json:"route_header,omitempty"`
 
+	// Store shares the bindings with other front-ends through Redis or
+	// Valkey (see StoreConfig). Default none: bindings are this
+	// instance's own.
+	Store *StoreConfig `json:"store,omitempty"`
+
 	m           *modelState
 	logger      *zap.Logger
 	routeHeader bool
@@ -219,6 +224,9 @@ func (p *Policy) Provision(ctx caddy.Context) error {
 	if err := appVal.(*App).add(p.m, p); err != nil {
 		return err
 	}
+	if err := registerStoreMetrics(ctx.GetMetricsRegistry()); err != nil {
+		return err
+	}
 	return registerMetrics(ctx.GetMetricsRegistry())
 }
 
@@ -230,6 +238,7 @@ type sharedSettings struct {
 	DataParallelSize int
 	ClientPinHeader  string
 	RouteHeader      bool
+	Store            string
 }
 
 func (p *Policy) shared() sharedSettings {
@@ -239,6 +248,7 @@ func (p *Policy) shared() sharedSettings {
 		DataParallelSize: max(p.DataParallelSize, 1),
 		ClientPinHeader:  textproto.CanonicalMIMEHeaderKey(p.ClientPinHeader),
 		RouteHeader:      p.RouteHeader == nil || *p.RouteHeader,
+		Store:            p.storeConfig().identity(),
 	}
 }
 
@@ -264,6 +274,7 @@ func (s sharedSettings) diff(o sharedSettings) string {
 // apply gives the model's shared state this policy's settings.
 func (p *Policy) apply() {
 	p.m.configure(p.routerConfig(), p.pollSettings(), p.logger)
+	p.applyStore()
 }
 
 // Validate checks the configuration.
@@ -283,6 +294,8 @@ func (p *Policy) Validate() error {
 		return fmt.Errorf("lm_warden %s: poll_scheme must be http or https, got %q", p.Model, p.PollScheme)
 	case p.PollTimeout > 0 && p.PollInterval > 0 && p.PollTimeout >= p.PollInterval:
 		return fmt.Errorf("lm_warden %s: poll_timeout must be shorter than poll_interval", p.Model)
+	case p.Store != nil:
+		return p.storeConfig().validate(p.Model)
 	}
 	return nil
 }
@@ -479,7 +492,7 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 			req.Pin = p.pinned(v[0], rs)
 		}
 	}
-	dec, err := p.m.router.Route(req)
+	dec, err := p.m.route(req)
 	if err != nil {
 		return nil
 	}

@@ -82,6 +82,9 @@ type modelState struct {
 	lastTaken time.Time
 
 	health atomic.Pointer[replicaSet] // the pool whose health checks feed the router
+
+	store   atomic.Pointer[bindStore] // the shared binding store; nil without one
+	storeMu sync.Mutex                // serialises replacing it
 }
 
 func newModelState(name string, rcfg placement.Config) *modelState {
@@ -107,6 +110,7 @@ func (m *modelState) Destruct() error {
 	if p != nil {
 		p.Stop()
 	}
+	m.closeStore()
 	return nil
 }
 

@@ -694,3 +694,12 @@ func (s *bindStore) status() *StoreStatus {
 	}
 	return st
 }
+
+// quietRedis drops the Redis client's own log lines (dial failures while
+// the store is out, one per attempt): the store warns once per episode in
+// Caddy's log and counts every failure.
+type quietRedis struct{}
+
+func (quietRedis) Printf(context.Context, string, ...any) {}
+
+func init() { redis.SetLogger(quietRedis{}) }

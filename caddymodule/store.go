@@ -388,7 +388,8 @@ func (s *bindStore) close() {
 func (s *bindStore) key(h uint64) string {
 	var b [64]byte
 	out := append(b[:0], s.keyPre...)
-	n := strconv.AppendUint(b[len(out):len(out)], h, 16)
+	var hx [16]byte
+	n := strconv.AppendUint(hx[:0], h, 16)
 	for i := len(n); i < 16; i++ {
 		out = append(out, '0')
 	}

@@ -274,7 +274,6 @@ func (s sharedSettings) diff(o sharedSettings) string {
 // apply gives the model's shared state this policy's settings.
 func (p *Policy) apply() {
 	p.m.configure(p.routerConfig(), p.pollSettings(), p.logger)
-	p.applyStore()
 }
 
 // Validate checks the configuration.

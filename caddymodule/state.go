@@ -391,6 +391,7 @@ func (a *App) Start() error {
 	}
 	for _, p := range a.policies {
 		p.apply()
+		p.applyStore() // connects only now: validating a configuration dials nothing
 	}
 	for _, s := range seeds {
 		if len(s.h.Upstreams) > 0 {

@@ -20,7 +20,8 @@ func (p *Policy) storeConfig() StoreConfig {
 	return p.Store.resolved()
 }
 
-// applyStore gives the model's shared state this policy's store.
+// applyStore gives the model's shared state this policy's store; the
+// lm_warden app calls it when the configuration starts.
 func (p *Policy) applyStore() {
 	var cfg *StoreConfig
 	if p.Store != nil {

@@ -287,6 +287,7 @@ type bindStore struct {
 	ttl     atomic.Int64 // the bindings' idle TTL, nanoseconds
 
 	up   atomic.Bool   // the store answers; false: route with local bindings only
+	slow atomic.Int32  // deadlines passed in a row
 	wake chan struct{} // tells the prober the store failed
 
 	// confirmed: conversations whose binding this front-end read from or
@@ -397,12 +398,17 @@ func (s *bindStore) key(h uint64) string {
 	return string(out)
 }
 
-// fail counts a failed call and, on the first one of an episode, takes the
-// store out of the request path, warns and wakes the prober.
+// fail counts a failed call. A refused or broken connection, or a third
+// deadline passed in a row, takes the store out of the request path until
+// the prober finds it answering; the first failure of such an episode is
+// logged as a warning. A single slow answer only costs its own turn.
 func (s *bindStore) fail(err error) {
 	s.errs.Add(1)
 	msg := err.Error()
 	s.lastErr.Store(&msg)
+	if isTimeout(err) && s.slow.Add(1) < slowInARow {
+		return
+	}
 	if s.up.CompareAndSwap(true, false) {
 		s.logger.Warn("shared binding store unreachable: routing with this instance's bindings until it answers again",
 			zap.String("model", s.model), zap.String("address", s.cfg.Address), zap.Error(err))
@@ -413,9 +419,25 @@ func (s *bindStore) fail(err error) {
 	}
 }
 
+// slowInARow is how many deadlines passed in a row take the store out.
+const slowInARow = 3
+
+// ok records a call that succeeded.
+func (s *bindStore) ok() {
+	if s.slow.Load() != 0 {
+		s.slow.Store(0)
+	}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
+}
+
 // probe pings the store while it is out, backing off, and puts it back on
-// the request path when it answers. What this front-end had confirmed is
-// then read again: moves made while it was out are in the store, not here.
+// the request path when it answers. Moves other front-ends made meanwhile
+// reach this one on the channel; when its connection broke, the
+// subscriber has this front-end read every conversation again (subscribe).
 func (s *bindStore) probe() {
 	defer s.wg.Done()
 	first := true
@@ -451,7 +473,7 @@ func (s *bindStore) probe() {
 				}
 				continue
 			}
-			s.confirmed.clear()
+			s.slow.Store(0)
 			s.up.Store(true)
 			if first {
 				s.logger.Info("shared binding store connected", zap.String("model", s.model), zap.String("address", s.cfg.Address))
@@ -623,6 +645,7 @@ func (s *bindStore) read(ctx context.Context, key string) (storeValue, bool, err
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return storeValue{}, false, err
 	}
+	s.ok()
 	raw, err := get.Result()
 	if errors.Is(err, redis.Nil) {
 		return storeValue{}, false, nil
@@ -642,11 +665,13 @@ func (s *bindStore) claim(ctx context.Context, key string, v storeValue) (win st
 	ttl := time.Duration(s.ttl.Load())
 	raw, err := s.rdb.Do(ctx, "SET", key, v.String(), "NX", "GET", "PX", max(ttl.Milliseconds(), 1)).Text()
 	if errors.Is(err, redis.Nil) {
+		s.ok()
 		return storeValue{}, false, nil
 	}
 	if err != nil {
 		return storeValue{}, false, err
 	}
+	s.ok()
 	s.lost.Add(1)
 	win, ok := parseStoreValue(raw)
 	if !ok {

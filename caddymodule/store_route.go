@@ -132,8 +132,7 @@ func (s *bindStore) route(req placement.Request) (placement.Decision, error) {
 		}
 	}
 	if !s.up.Load() {
-		s.fallbacks.Add(1)
-		return r.Route(req)
+		return s.fallback(req, h)
 	}
 	bound, held := r.Bound(req.Key)
 	if held {
@@ -162,6 +161,18 @@ func (s *bindStore) route(req placement.Request) (placement.Decision, error) {
 	return s.routeRead(req, h, bound, held)
 }
 
+// fallback routes a turn with this front-end's bindings alone (the store
+// is out, or did not answer in time). A conversation it places or moves
+// is read from the store again at its next turn there.
+func (s *bindStore) fallback(req placement.Request, h uint64) (placement.Decision, error) {
+	s.fallbacks.Add(1)
+	dec, err := s.router.Route(req)
+	if err == nil && (movedBy(dec) || dec.Reason == placement.ReasonPlaced) {
+		s.confirmed.del(h)
+	}
+	return dec, err
+}
+
 // applyMove applies a move another front-end published for the request's
 // conversation.
 func (s *bindStore) applyMove(req placement.Request, h uint64, mv move) {
@@ -188,8 +199,7 @@ func (s *bindStore) routeRead(req placement.Request, h uint64, bound string, hel
 	cur, found, err := s.read(ctx, key)
 	if err != nil {
 		s.fail(err)
-		s.fallbacks.Add(1)
-		return r.Route(req)
+		return s.fallback(req, h)
 	}
 	known := true // the store's replica is one this front-end knows
 	switch {
@@ -203,8 +213,7 @@ func (s *bindStore) routeRead(req placement.Request, h uint64, bound string, hel
 		win, lost, err := s.claim(ctx, key, storeValue{replica: bound, start: req.Start})
 		if err != nil {
 			s.fail(err)
-			s.fallbacks.Add(1)
-			return r.Route(req)
+			return s.fallback(req, h)
 		}
 		if lost && r.Adopt(req.Key, win.replica, win.start, req.Now) {
 			s.adopted.Add(1)

@@ -27,7 +27,7 @@ func benchStore(tb testing.TB) (*bindStore, *redisserver.Server) {
 	tb.Cleanup(rds.Close)
 	r := placement.NewRouter(placement.Config{MaxNumSeqs: 1 << 20})
 	r.SetReplicas([]string{"r0", "r1", "r2", "r3"})
-	s, err := newBindStore("bench", StoreConfig{Type: "redis", Address: rds.Addr, Prefix: "lmwbench:", Timeout: caddy5ms}, r, nil)
+	s, err := newBindStore("bench", StoreConfig{Type: "redis", Address: rds.Addr, Prefix: "lmwbench:", Timeout: caddy100ms}, r, nil)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -42,7 +42,9 @@ func benchStore(tb testing.TB) (*bindStore, *redisserver.Server) {
 	return s, rds
 }
 
-const caddy5ms = 5 * 1000 * 1000 // caddy.Duration of 5ms
+// caddy100ms is the deadline of the benchmarks (a caddy.Duration): one slow
+// answer on a shared machine must not turn a read into a fallback.
+const caddy100ms = 100 * 1000 * 1000
 
 // BenchmarkStoreRoute measures what the shared store adds to a turn: a
 // sticky turn on a confirmed binding (the local cache hit: no command),
@@ -110,7 +112,7 @@ func BenchmarkStoreRoute(b *testing.B) {
 		after, _ := rds.Commands()
 		b.ReportMetric(float64(after-before-1)/float64(n), "commands/turn")
 		if s.fallbacks.Load() > 0 {
-			b.Logf("%d of %d reads passed the 5ms deadline", s.fallbacks.Load(), n)
+			b.Logf("%d of %d reads passed the deadline", s.fallbacks.Load(), n)
 		}
 	})
 }

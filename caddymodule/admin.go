@@ -202,7 +202,7 @@ func (a adminAPI) handleModel(w http.ResponseWriter, r *http.Request) error {
 		if err := noAdminBody(r); err != nil {
 			return err
 		}
-		if !m.router.Unbind(key) {
+		if !m.unbind(key) {
 			return apiErr(http.StatusNotFound, "session %q is not bound", key)
 		}
 		return writeJSON(w, map[string]bool{"unbound": true})
@@ -278,6 +278,8 @@ type Card struct {
 	// Warning says in plain words when the active conversations hold more
 	// context than the replicas cache; "" when they do not.
 	Warning string `json:"warning"`
+	// Store is the shared binding store's state; absent without one.
+	Store *StoreStatus `json:"store,omitempty"`
 }
 
 // AdmissionRow is working-set admission's state on the card.
@@ -422,6 +424,7 @@ func buildCard(m *modelState, now time.Time) Card {
 		Requests: s.Requests, KeyedRequests: s.KeyedRequests, Bindings: s.Bindings,
 		Since: s.Since.UTC(), Writable: true, Replicas: make([]ReplicaRow, 0, len(s.Replicas)),
 		Admission: admissionRow(s.Admission), Warning: overcommitMessage(s.Admission),
+		Store: m.storeStatus(),
 	}
 	for _, r := range s.Replicas {
 		row := ReplicaRow{

@@ -141,6 +141,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 //	    admit_wait         <duration>
 //	    admit_queue        <n>
 //	    bytes_per_token    <n>
+//	    store redis { ... }  (see unmarshalStore)
 //	}
 //
 // The model may also be given inline: `lb_policy lm_warden <name>`.
@@ -228,6 +229,10 @@ func (p *Policy) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.Errf("spill_waiting must be off or a positive integer, got %q", v)
 			}
 			p.SpillWaiting = n
+		case "store":
+			if err := p.unmarshalStore(d); err != nil {
+				return err
+			}
 		case "max_num_seqs", "max_sessions", "fail_after", "data_parallel_size", "kv_tokens", "admit_queue":
 			n, err := parsePositive(d)
 			if err != nil {

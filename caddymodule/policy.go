@@ -163,6 +163,11 @@ type Policy struct {
 	// conversation's size before the engine counts it. Default 4.
 	BytesPerToken float64 `json:"bytes_per_token,omitempty"`
 
+	// Store shares the bindings with other front-ends through Redis or
+	// Valkey (see StoreConfig). Default none: bindings are this
+	// instance's own.
+	Store *StoreConfig `json:"store,omitempty"`
+
 	m           *modelState
 	logger      *zap.Logger
 	routeHeader bool
@@ -289,6 +294,9 @@ func (p *Policy) Provision(ctx caddy.Context) error {
 	if err := appVal.(*App).add(p.m, p); err != nil {
 		return err
 	}
+	if err := registerStoreMetrics(ctx.GetMetricsRegistry()); err != nil {
+		return err
+	}
 	return registerMetrics(ctx.GetMetricsRegistry())
 }
 
@@ -300,6 +308,7 @@ type sharedSettings struct {
 	DataParallelSize int
 	ClientPinHeader  string
 	RouteHeader      bool
+	Store            string
 }
 
 func (p *Policy) shared() sharedSettings {
@@ -309,6 +318,7 @@ func (p *Policy) shared() sharedSettings {
 		DataParallelSize: max(p.DataParallelSize, 1),
 		ClientPinHeader:  textproto.CanonicalMIMEHeaderKey(p.ClientPinHeader),
 		RouteHeader:      p.RouteHeader == nil || *p.RouteHeader,
+		Store:            p.storeConfig().identity(),
 	}
 }
 
@@ -359,6 +369,8 @@ func (p *Policy) Validate() error {
 		return fmt.Errorf("lm_warden %s: admit_high_water must be in (0, 4], got %g", p.Model, p.AdmitHighWater)
 	case p.BytesPerToken < 0 || p.BytesPerToken > 64:
 		return fmt.Errorf("lm_warden %s: bytes_per_token must be in (0, 64], got %g", p.Model, p.BytesPerToken)
+	case p.Store != nil:
+		return p.storeConfig().validate(p.Model)
 	}
 	return nil
 }
@@ -558,11 +570,13 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 			req.Pin = p.pinned(v[0], rs)
 		}
 	}
-	dec, tk, err := p.m.router.Admit(req)
+	dec, tk, err := p.m.route(req)
 	var waited time.Duration
 	if tk != nil {
 		start := time.Now()
-		dec, err = p.m.await(r.Context(), tk)
+		if dec, err = p.m.await(r.Context(), tk); err == nil {
+			dec, err = p.m.admitted(req, dec)
+		}
 		waited = time.Since(start)
 	}
 	if err != nil {

@@ -85,5 +85,6 @@ func (st *routeState) finished(status int, u *vllmstats.Usage, now time.Time) {
 		// the session's last request is done: nothing will use its
 		// cache through this binding again
 		st.model.router.End(st.key, now)
+		st.model.ended(st.key)
 	}
 }

@@ -85,6 +85,9 @@ type modelState struct {
 	overcommitted bool
 
 	health atomic.Pointer[replicaSet] // the pool whose health checks feed the router
+
+	store   atomic.Pointer[bindStore] // the shared binding store; nil without one
+	storeMu sync.Mutex                // serialises replacing it
 }
 
 func newModelState(name string, rcfg placement.Config) *modelState {
@@ -110,6 +113,7 @@ func (m *modelState) Destruct() error {
 	if p != nil {
 		p.Stop()
 	}
+	m.closeStore()
 	return nil
 }
 
@@ -396,6 +400,7 @@ func (a *App) Start() error {
 	}
 	for _, p := range a.policies {
 		p.apply()
+		p.applyStore() // connects only now: validating a configuration dials nothing
 	}
 	for _, s := range seeds {
 		if len(s.h.Upstreams) > 0 {

@@ -192,7 +192,7 @@ func TestUICardView(t *testing.T) {
 		{
 			name: "reference card",
 			head: map[string]string{"affinity": "on", "spill": "8 (auto)", "sticky": "100%", "in_flight": "3",
-				"requests": "1,234,567", "bindings": "12", "max_num_seqs": "32"},
+				"requests": "1,234,567", "bindings": "12", "max_num_seqs": "32", "store": "none (this instance's own bindings)"},
 			row: 0,
 			cells: map[string]string{"held": "0", "sticky": "38", "spill_accepted": "0", "client_pinned": "0",
 				"run_wait": "0 / 0", "kv": "41.0%", "hit": "82.2%", "bindings": "3 (2 active)", "state": "reachable",
@@ -210,6 +210,22 @@ func TestUICardView(t *testing.T) {
 			cells: map[string]string{"delivered": "97.6% (12,000 of 12,300)", "restarted": "2", "cold_replaced": "1",
 				"ended": "1,234"},
 			ok: true,
+		},
+		{
+			name: "shared store connected",
+			change: func(c *Card) {
+				c.Store = &StoreStatus{Type: "redis", Address: "10.0.0.9:6379", Connected: true, Errors: 1234, Fallbacks: 5}
+			},
+			head: map[string]string{"store": "redis 10.0.0.9:6379 · connected · 1,234 errors · 5 fallbacks"},
+			row:  0, cells: map[string]string{}, ok: true,
+		},
+		{
+			name: "shared store out",
+			change: func(c *Card) {
+				c.Store = &StoreStatus{Type: "redis", Address: "10.0.0.9:6379", Errors: 3, Fallbacks: 40}
+			},
+			head: map[string]string{"store": "redis 10.0.0.9:6379 · unreachable, routing with this instance's bindings · 3 errors · 40 fallbacks"},
+			row:  0, cells: map[string]string{}, ok: true,
 		},
 		{
 			name:  "third replica",

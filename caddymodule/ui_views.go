@@ -154,6 +154,7 @@ func buildCardView(doc Card, now time.Time) uiCardView {
 			"bindings":     uiCount(doc.Bindings),
 			"max_num_seqs": uiCount(doc.MaxNumSeqs),
 			"admission":    uiAdmission(doc.Admission),
+			"store":        uiStore(doc.Store),
 		},
 		Warning: doc.Warning,
 		Since: uiVal{V: doc.Since, T: "counters since " + doc.Since.UTC().Format("2006-01-02 15:04:05 UTC") +
@@ -316,4 +317,18 @@ func uiNiceCeil(f float64) float64 {
 		}
 	}
 	return 10 * p
+}
+
+// uiStore renders the shared binding store's state, e.g. "redis
+// 10.0.0.9:6379 · connected · 0 errors · 0 fallbacks"; "none" without one.
+func uiStore(st *StoreStatus) uiVal {
+	if st == nil {
+		return uiVal{V: nil, T: "none (this instance's own bindings)"}
+	}
+	state := "connected"
+	if !st.Connected {
+		state = "unreachable, routing with this instance's bindings"
+	}
+	return uiVal{V: st, T: fmt.Sprintf("%s %s · %s · %s errors · %s fallbacks", st.Type, st.Address, state,
+		humanize.Comma(int64(st.Errors)), humanize.Comma(int64(st.Fallbacks)))}
 }

@@ -41,6 +41,13 @@ func main() {
 		err = runSim(os.Args[2:])
 	case "run":
 		err = runHTTP(ctx, os.Args[2:])
+	case "caddy-instance":
+		// a further front-end of "demo --instances N"
+		if len(os.Args) != 3 {
+			err = errors.New("caddy-instance takes the Caddyfile's path")
+			break
+		}
+		err = demo.ServeInstance(os.Args[2])
 	case "-h", "--help", "help":
 		usage(os.Stdout)
 		return
@@ -176,8 +183,23 @@ func runDemo(ctx context.Context, args []string) error {
 	fault := fs.String("fault", "", "inject a fault into every stage: kill|hang:replica=N,at=D,for=D (engine time after the warm-up), e.g. kill:replica=1,at=30s,for=25s")
 	fs.BoolVar(&d.HealthChecks, "health-checks", false, "add Caddy's active health checks (GET /health) to the proxy")
 	fs.DurationVar(&d.ResponseHeaderTimeout, "response-header-timeout", 10*time.Second, "the proxy's response_header_timeout (wall time)")
+	fs.IntVar(&d.Instances, "instances", 1, "Caddy front-ends in front of the replicas (beyond the first, processes of this program); a session's turns go to them in turn")
+	fs.BoolVar(&d.Store, "store", false, "share the front-ends' bindings through a redis-server started on loopback (needs redis-server in PATH)")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if d.Instances < 1 {
+		return errors.New("--instances must be at least 1")
+	}
+	if d.Instances > 1 {
+		self, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		d.InstanceCommand = []string{self, "caddy-instance"}
+		if !set(fs, "modes") {
+			c.modes = bench.ModeOn
+		}
 	}
 	if *fault != "" {
 		f, err := bench.ParseFault(*fault)
@@ -305,6 +327,7 @@ func runHTTP(ctx context.Context, args []string) error {
 	addCommon(fs, &c, bench.DefaultWorkload(), 3*time.Minute, 30*time.Second, "off,on")
 	var cl bench.Client
 	fs.StringVar(&cl.BaseURL, "url", "", "base URL to drive (LM Warden, vLLM or the emulator), without /v1")
+	targets := fs.String("targets", "", "several front-ends in front of the same replicas, comma-separated base URLs (instead of --url): a session's turns go to them in turn")
 	api := fs.String("api", "anthropic", "client API: anthropic (POST /v1/messages) or openai (POST /v1/chat/completions)")
 	fs.StringVar(&cl.Token, "token", os.Getenv("ANTHROPIC_AUTH_TOKEN"), "bearer token (default $ANTHROPIC_AUTH_TOKEN)")
 	fs.StringVar(&cl.SessionHeader, "session-header", "x-session-affinity", "session header of --api openai")
@@ -318,8 +341,18 @@ func runHTTP(ctx context.Context, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	if *targets != "" {
+		for _, u := range strings.Split(*targets, ",") {
+			if u = strings.TrimSpace(u); u != "" {
+				cl.Targets = append(cl.Targets, u)
+			}
+		}
+		if cl.BaseURL == "" && len(cl.Targets) > 0 {
+			cl.BaseURL = cl.Targets[0]
+		}
+	}
 	if cl.BaseURL == "" {
-		return errors.New("--url is required")
+		return errors.New("--url or --targets is required")
 	}
 	stages, modes, err := c.parse()
 	if err == nil {
@@ -356,6 +389,13 @@ func runHTTP(ctx context.Context, args []string) error {
 		}
 	}
 	return err
+}
+
+// set reports whether the flag was given on the command line.
+func set(fs *flag.FlagSet, name string) bool {
+	found := false
+	fs.Visit(func(f *flag.Flag) { found = found || f.Name == name })
+	return found
 }
 
 // isTerminal reports whether f is a terminal (a character device), where a

@@ -37,6 +37,12 @@ const (
 // Client sends one turn of a session and streams the answer.
 type Client struct {
 	BaseURL string // e.g. http://127.0.0.1:8080 (no trailing /v1)
+	// Targets, when set, are several front-ends in front of the same
+	// replicas (base URLs like BaseURL, which they replace): a session's
+	// turns go round-robin over them, starting at a different one per
+	// session, so consecutive turns of one session reach different
+	// front-ends.
+	Targets []string
 	API     API
 	Token   string // sent as Authorization: Bearer
 	// SessionHeader is the OpenAI-format session header (default
@@ -61,6 +67,15 @@ type TurnResult struct {
 	Waited time.Duration
 }
 
+// Target returns the base URL turn t of sess is sent to: BaseURL, or one
+// of Targets in turn.
+func (c *Client) Target(sess *Session, t int) string {
+	if len(c.Targets) == 0 {
+		return c.BaseURL
+	}
+	return c.Targets[(sess.Serial+t)%len(c.Targets)]
+}
+
 // Send streams turn t of sess. The replica is the emulator's engine header
 // when present (the ground truth behind any router), else the replica part
 // of LM Warden's route header.
@@ -73,7 +88,7 @@ func (c *Client) Send(ctx context.Context, sess *Session, t int) (TurnResult, er
 	if err != nil {
 		return TurnResult{}, err
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(c.BaseURL, "/")+path, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(c.Target(sess, t), "/")+path, bytes.NewReader(body))
 	if err != nil {
 		return TurnResult{}, fmt.Errorf("building request: %w", err)
 	}

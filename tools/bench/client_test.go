@@ -241,3 +241,27 @@ func serialized(h http.Handler) http.Handler {
 		h.ServeHTTP(w, r)
 	})
 }
+
+func TestClientTargets(t *testing.T) {
+	tests := []struct {
+		name   string
+		c      Client
+		serial int
+		want   []string // turns 0..len-1
+	}{
+		{"one base URL", Client{BaseURL: "http://a"}, 3, []string{"http://a", "http://a", "http://a"}},
+		{"two front-ends, even session", Client{BaseURL: "http://x", Targets: []string{"http://a", "http://b"}}, 0, []string{"http://a", "http://b", "http://a", "http://b"}},
+		{"two front-ends, odd session", Client{Targets: []string{"http://a", "http://b"}}, 1, []string{"http://b", "http://a", "http://b"}},
+		{"three front-ends", Client{Targets: []string{"http://a", "http://b", "http://c"}}, 2, []string{"http://c", "http://a", "http://b", "http://c"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := &Session{Serial: tc.serial}
+			for turn, w := range tc.want {
+				if got := tc.c.Target(s, turn); got != w {
+					t.Errorf("turn %d → %s, want %s", turn, got, w)
+				}
+			}
+		})
+	}
+}

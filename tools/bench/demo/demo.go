@@ -23,6 +23,7 @@ import (
 
 	_ "github.com/lmwarden/caddy-lmwarden/caddymodule"
 	"github.com/lmwarden/caddy-lmwarden/emulator"
+	"github.com/lmwarden/caddy-lmwarden/internal/redisserver"
 	"github.com/lmwarden/caddy-lmwarden/placement"
 	"github.com/lmwarden/caddy-lmwarden/tools/bench"
 )
@@ -56,6 +57,18 @@ type Config struct {
 	// ResponseHeaderTimeout is the proxy's response_header_timeout, wall
 	// time (default 10s): how long a turn sent to a hung replica waits.
 	ResponseHeaderTimeout time.Duration
+	// Instances is the number of Caddy front-ends (default 1). Beyond the
+	// first, each is a process of its own (InstanceCommand), in front of
+	// the same replicas; the client sends a session's turns to them in
+	// turn. Only LM Warden's modes (off, on) run with more than one.
+	Instances int
+	// Store makes the front-ends share their bindings through a
+	// redis-server the demo starts on loopback.
+	Store bool
+	// InstanceCommand runs one more front-end: the command and arguments
+	// before the Caddyfile's path, e.g. [warden-bench, caddy-instance];
+	// the process serves until its standard input closes.
+	InstanceCommand []string
 }
 
 // DefaultConfig runs the reference measurement's stages, vLLM's own
@@ -158,10 +171,40 @@ func Run(ctx context.Context, cfg Config) (*bench.Report, error) {
 	if cfg.Fault != nil && cfg.Fault.Replica >= cfg.Replicas {
 		return nil, fmt.Errorf("fault %s: there are %d replicas", cfg.Fault, cfg.Replicas)
 	}
+	if cfg.Instances > 1 || cfg.Store {
+		for _, m := range cfg.Modes {
+			if m != bench.ModeOff && m != bench.ModeOn {
+				return nil, fmt.Errorf("demo: several front-ends or a shared store run LM Warden's modes (off, on) only, not %s", m)
+			}
+		}
+	}
+	if cfg.Store {
+		rds, err := redisserver.Start()
+		if err != nil {
+			return nil, fmt.Errorf("demo: the shared store: %w", err)
+		}
+		defer rds.Close()
+		px.store = rds.Addr
+		logf("shared binding store: redis-server on %s", rds.Addr)
+	}
 	if err := px.load(cfg.Modes[0]); err != nil {
 		return nil, err
 	}
 	defer caddy.Stop() //nolint:errcheck // best effort on the way out
+	targets := []string{"http://" + listen}
+	others, err := startInstances(ctx, cfg, px)
+	defer func() {
+		for _, o := range others {
+			o.stop()
+		}
+	}()
+	if err != nil {
+		return nil, err
+	}
+	for _, o := range others {
+		targets = append(targets, "http://"+o.px.listen)
+		logf("LM Warden front-end %d: http://%s — routing card: http://%s/lm-warden/", len(targets), o.px.listen, o.px.admin)
+	}
 	var metrics []string
 	for _, u := range srv.URLs() {
 		metrics = append(metrics, u+"/metrics")
@@ -185,13 +228,20 @@ func Run(ctx context.Context, cfg Config) (*bench.Report, error) {
 		}
 	}
 	rep, err := bench.RunHTTP(ctx, bench.HTTPConfig{
-		OnStage:      onStage,
-		Client:       bench.Client{BaseURL: "http://" + listen, API: cfg.API, Token: "demo-token"},
-		Workload:     cfg.Workload,
-		Count:        emulator.CountTokens,
-		Stages:       cfg.Stages,
-		Modes:        cfg.Modes,
-		SetMode:      func(ctx context.Context, mode string) error { return px.setMode(ctx, mode) },
+		OnStage:  onStage,
+		Client:   bench.Client{BaseURL: "http://" + listen, Targets: multi(targets), API: cfg.API, Token: "demo-token"},
+		Workload: cfg.Workload,
+		Count:    emulator.CountTokens,
+		Stages:   cfg.Stages,
+		Modes:    cfg.Modes,
+		SetMode: func(ctx context.Context, mode string) error {
+			for _, o := range others {
+				if err := o.px.setMode(ctx, mode); err != nil {
+					return err
+				}
+			}
+			return px.setMode(ctx, mode)
+		},
 		EndSession:   px.endSession,
 		Policy:       bench.PolicyOf,
 		StageLength:  cfg.StageLength,
@@ -229,6 +279,8 @@ type demoProxy struct {
 	mode                 string
 	health               bool
 	rht                  time.Duration
+	store                string // the shared store's address; "" for none
+	remote               bool   // another process: only its affinity is switched
 }
 
 // Caddyfile renders the demo's configuration for a mode.
@@ -256,6 +308,9 @@ func (p *demoProxy) Caddyfile(mode string) string {
 		fmt.Fprintf(&b, "\t\t\tadmit_window %s\n\t\t\tadmit_wait %s\n", p.scaled(placement.DefaultAdmitWindow), p.scaled(placement.DefaultAdmitWait))
 		if p.dpSize > 1 {
 			fmt.Fprintf(&b, "\t\t\tdata_parallel_size %d\n", p.dpSize)
+		}
+		if p.store != "" {
+			fmt.Fprintf(&b, "\t\t\tstore redis {\n\t\t\t\taddress %s\n\t\t\t\tprefix lmwdemo:\n\t\t\t}\n", p.store)
 		}
 		b.WriteString("\t\t}\n")
 	case bench.ModeVLLMDP:
@@ -305,9 +360,9 @@ func (p *demoProxy) setMode(ctx context.Context, mode string) error {
 		if err == nil {
 			err = p.put(ctx, "admission", mode == bench.ModeAdmit)
 		}
-		if err == nil {
+		if err == nil || p.remote {
 			p.mode = mode
-			return nil
+			return err
 		}
 	}
 	return p.load(mode)

@@ -303,16 +303,22 @@ func (m *modelState) recordUsage(replica string, u vllmstats.Usage, now time.Tim
 }
 
 // feedback reports a finished turn's delivered cached tokens to the router,
-// which checks them against its binding's prediction (placement.Feedback).
-// Only a response that carried both counts says anything.
-func (m *modelState) feedback(key string, dec placement.Decision, u vllmstats.Usage) {
+// which checks them against its binding's prediction (placement.Feedback),
+// and records a checked turn's prediction and delivery (at most the
+// prediction) for the stats page's delivered share. Only a response that
+// carried both counts says anything.
+func (m *modelState) feedback(key string, dec placement.Decision, u vllmstats.Usage, now time.Time) {
 	if key == "" || !u.Measured || !u.CachedMeasured {
 		return
 	}
-	m.router.Feedback(placement.Turn{
+	cached := int(min(u.CachedTokens, 1<<31-1))
+	predicted, _ := m.router.Feedback(placement.Turn{
 		Key: key, Replica: dec.Replica, Reason: dec.Reason,
-		Prompt: int(min(u.PromptTokens, 1<<31-1)), Cached: int(min(u.CachedTokens, 1<<31-1)),
+		Prompt: int(min(u.PromptTokens, 1<<31-1)), Cached: cached,
 	})
+	if predicted > 0 {
+		m.acct.RecordDelivery(dec.Replica, predicted, min(cached, predicted), now)
+	}
 }
 
 func init() {

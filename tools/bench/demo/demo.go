@@ -236,12 +236,18 @@ func (p *demoProxy) Caddyfile(mode string) string {
 	fmt.Fprintf(&b, "{\n\tadmin %s\n\tpersist_config off\n\tauto_https off\n\tlog {\n\t\tlevel ERROR\n\t}\n}\n\n", p.admin)
 	fmt.Fprintf(&b, "http://%s {\n\tbind 127.0.0.1\n", p.listen)
 	switch mode {
-	case bench.ModeOff, bench.ModeOn:
+	case bench.ModeOff, bench.ModeOn, bench.ModeLifecycle:
 		aff := "on"
 		if mode == bench.ModeOff {
 			aff = "off"
 		}
-		fmt.Fprintf(&b, "\tlm_warden\n\treverse_proxy %s {\n", strings.Join(ups, " "))
+		// lifecycle is LM Warden's default; on and off go without
+		// restart detection, as the sim's modes of those names
+		restart := "off"
+		if mode == bench.ModeLifecycle {
+			restart = "on"
+		}
+		fmt.Fprintf(&b, "\tlm_warden {\n\t\trestart_detection %s\n\t}\n\treverse_proxy %s {\n", restart, strings.Join(ups, " "))
 		fmt.Fprintf(&b, "\t\tlb_policy lm_warden {\n\t\t\tmodel %s\n\t\t\taffinity %s\n\t\t\tmax_num_seqs %d\n\t\t\tpoll_interval %s\n", p.model, aff, p.maxSeqs, p.poll)
 		if p.dpSize > 1 {
 			fmt.Fprintf(&b, "\t\t\tdata_parallel_size %d\n", p.dpSize)

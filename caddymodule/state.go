@@ -251,6 +251,8 @@ func (m *modelState) onSnapshot(s *vllmstats.Snapshot) {
 	m.forgetGone(time.Now())
 	var restarted []string
 	m.mu.Lock()
+	// the restarts seen now happened after the previous round
+	prevRound := m.lastTaken
 	for i := range s.Replicas {
 		rs := &s.Replicas[i]
 		if rs.Resets > m.resets[rs.ID] && m.current[rs.ID] {
@@ -271,7 +273,9 @@ func (m *modelState) onSnapshot(s *vllmstats.Snapshot) {
 	}
 	m.mu.Unlock()
 	for _, id := range restarted {
-		m.router.ColdReplica(id)
+		// turns routed since the previous round may have run on the
+		// restarted engine and filled its cache again
+		m.router.ColdReplicaSince(id, prevRound)
 	}
 }
 

@@ -352,8 +352,8 @@ type ReplicaRow struct {
 	// Restarted counts conversations placed here anew because their start
 	// changed under the same key (compacted or cleared); ColdReplaced those
 	// placed here because their replica no longer held their cache;
-	// ColdMarked the bindings here found cold (delivered far below
-	// predicted, or the replica restarted); Ended the bindings here dropped
+	// ColdMarked the bindings here found cold (the replica restarted
+	// since their last turn); Ended the bindings here dropped
 	// because the client ended the session.
 	Restarted    uint64 `json:"restarted"`
 	ColdReplaced uint64 `json:"cold_replaced"`

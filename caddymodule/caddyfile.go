@@ -84,7 +84,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			case "fingerprint":
 				h.NoFingerprint = !on
 			case "restart_detection":
-				h.RestartDetection = on
+				h.NoRestartDetection = !on
 			default:
 				h.NoModelVar = !on
 			}

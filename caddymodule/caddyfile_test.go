@@ -121,14 +121,14 @@ func TestHandlerCaddyfile(t *testing.T) {
 			body_keys off
 			fingerprint off
 			fingerprint_bytes 4KiB
-			restart_detection on
+			restart_detection off
 			session_end_headers X-Session-End X-Last-Turn
 			model_var off
 			max_body 8MiB
 		}`, Handler{
 			SessionHeaders: []string{"X-Session-Id", "X-Other"}, AgentHeader: "-", ParentAgentHeader: "X-Parent",
 			NoBodyKeys: true, NoFingerprint: true, FingerprintBytes: 4096, NoModelVar: true, MaxBody: 8 << 20,
-			RestartDetection: true, SessionEndHeaders: []string{"X-Session-End", "X-Last-Turn"},
+			NoRestartDetection: true, SessionEndHeaders: []string{"X-Session-End", "X-Last-Turn"},
 		}, false},
 		{"session end off", `lm_warden {
 			session_end_headers off

@@ -73,16 +73,19 @@ type Handler struct {
 	// Default 32 KiB.
 	FingerprintBytes int `json:"fingerprint_bytes,omitempty"`
 
-	// Turns restart detection on: a request whose key came from a header
-	// or the body's metadata then carries a fingerprint of its
-	// conversation's start (as the fingerprint key hashes it), computed
-	// when the body is read anyway or the key has a binding (the body is
-	// then read in full); a bound conversation whose start changed was
-	// compacted or cleared and is placed anew by load (restarted). Off by
-	// default: it reads every bound request's body in full, and a client
-	// whose system prompt changes from turn to turn would be restarted on
-	// every turn.
-	RestartDetection bool `json:"restart_detection,omitempty"`
+	// Turns restart detection off. With it on (the default), a request
+	// whose key came from a header or the body's metadata carries a
+	// fingerprint of its conversation's start (as the fingerprint key
+	// hashes it), computed when the body is read anyway or the key has a
+	// binding (the body is then read in full; requests of unbound keys are
+	// streamed); a bound conversation whose start changed was compacted or
+	// cleared and is placed anew by load (restarted). Claude Code's
+	// requests keep their start over a conversation's turns and over
+	// --continue; it changes after /compact and when the model is
+	// switched (testdata/claudecode). Turn it off for a client whose
+	// system prompt changes from turn to turn, or to stream bound
+	// requests' bodies.
+	NoRestartDetection bool `json:"no_restart_detection,omitempty"`
 
 	// Headers that mark a session's last request: when one is present with
 	// a value other than "0", "false" or "no", the request is routed as
@@ -193,7 +196,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 	var model string
 	keyFromBody := st.key == "" && (!h.NoBodyKeys || !h.NoFingerprint)
-	wantStart := st.key != "" && h.RestartDetection
+	wantStart := st.key != "" && !h.NoRestartDetection
 	if (keyFromBody || !h.NoModelVar || wantStart) && hasJSONBody(r) {
 		var body []byte
 		var tooBig bool
@@ -223,7 +226,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			if st.key == "" && !h.NoBodyKeys {
 				st.key = sessionFromBody(view)
 			}
-			if st.key != "" && h.RestartDetection {
+			if st.key != "" && !h.NoRestartDetection {
 				// a key from a header or the body's metadata: its start
 				// tells a restarted conversation (a fingerprint key is
 				// the start itself)

@@ -146,13 +146,14 @@ func TestCompactedConversationIsPlacedAnew(t *testing.T) {
 	})
 }
 
-// TestLostCacheMarksTheBindingCold: a replica restarted between two polls
+// TestLostCacheIsRefilledInPlace: a replica restarted between two polls
 // the poller never saw (its interval is an hour) answers the next sticky
-// turn without the conversation's cache; the delivered cached tokens fall
-// below half the prediction, the binding goes cold and the following turn
-// is placed by load (cold-replaced).
-func TestLostCacheMarksTheBindingCold(t *testing.T) {
-	emu, ids := lifecycleSite(t, 2, "lc-cold", "1h")
+// turn without the conversation's cache: the card counts the shortfall
+// against the prediction, and the conversation stays, since that turn
+// computed its whole prompt on the replica: the following turn, sticky
+// again, finds all of it.
+func TestLostCacheIsRefilledInPlace(t *testing.T) {
+	emu, ids := lifecycleSite(t, 2, "lc-lost", "1h")
 	first := agentTurn(t, "s2", "Task two:", 1, nil)
 	agentTurn(t, "s2", "Task two:", 2, nil)
 	at := -1
@@ -164,6 +165,11 @@ func TestLostCacheMarksTheBindingCold(t *testing.T) {
 	if at < 0 {
 		t.Fatalf("routed to %q, not an emulator replica", first.replica)
 	}
+	row := func() ReplicaRow { return cardRow(getCard(t, "lc-lost"), first.replica) }
+	// the usage is fed back when the handler finishes, just after the
+	// client has read the response
+	waitFor(t, "turn 2 measured", func() bool { return row().PredictedCached > 0 })
+	before := row()
 	if err := emu.Stop(at); err != nil {
 		t.Fatal(err)
 	}
@@ -175,20 +181,22 @@ func TestLostCacheMarksTheBindingCold(t *testing.T) {
 	if r.reason != "sticky" || r.replica != first.replica {
 		t.Fatalf("turn 3: %s (%s), want %s sticky (nothing told the router yet)", r.replica, r.reason, first.replica)
 	}
-	// the usage is fed back when the handler finishes, just after the
-	// client has read the response
-	waitFor(t, "the binding marked cold", func() bool {
-		return cardRow(getCard(t, "lc-cold"), first.replica).ColdMarked == 1
-	})
+	waitFor(t, "turn 3 measured", func() bool { return row().PredictedCached > before.PredictedCached })
+	lost := row()
+	if p, d := lost.PredictedCached-before.PredictedCached, lost.DeliveredCached-before.DeliveredCached; d*2 >= p {
+		t.Fatalf("turn 3 after the restart delivered %d of %d predicted cached tokens", d, p)
+	}
 	r = agentTurn(t, "s2", "Task two:", 4, nil)
-	if r.reason != "cold-replaced" {
-		t.Fatalf("turn 4: %s (%s), want cold-replaced", r.replica, r.reason)
+	if r.reason != "sticky" || r.replica != first.replica {
+		t.Fatalf("turn 4: %s (%s), want %s sticky", r.replica, r.reason, first.replica)
 	}
-	if n := cardRow(getCard(t, "lc-cold"), r.replica).ColdReplaced; n != 1 {
-		t.Fatalf("cold_replaced on %s: %d, want 1", r.replica, n)
+	waitFor(t, "turn 4 measured", func() bool { return row().PredictedCached > lost.PredictedCached })
+	after := row()
+	if p, d := after.PredictedCached-lost.PredictedCached, after.DeliveredCached-lost.DeliveredCached; d != p {
+		t.Fatalf("turn 4 delivered %d of %d predicted cached tokens, want all (turn 3 refilled the replica)", d, p)
 	}
-	if got := modelCounter(t, "lm_warden_cold_bindings_total", "lc-cold", first.replica, nil); got != 1 {
-		t.Fatalf("Prometheus cold bindings %v, want 1", got)
+	if after.ColdMarked != 0 || after.ColdReplaced != 0 {
+		t.Fatalf("cold marked %d, cold replaced %d; want 0", after.ColdMarked, after.ColdReplaced)
 	}
 }
 

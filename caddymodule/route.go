@@ -79,7 +79,7 @@ func (st *routeState) finished(status int, u *vllmstats.Usage, now time.Time) {
 	st.dec.ReleaseAt(now)
 	if u != nil && st.model != nil && status >= 200 && status < 300 {
 		st.model.recordUsage(st.dec.Replica, *u, now)
-		st.model.feedback(st.key, st.dec, *u)
+		st.model.feedback(st.key, st.dec, *u, now)
 	}
 	if st.end && st.key != "" && st.model != nil && status < 500 {
 		// the session's last request is done: nothing will use its

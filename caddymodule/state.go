@@ -263,6 +263,8 @@ func (m *modelState) onSnapshot(s *vllmstats.Snapshot) {
 	m.checkOvercommit(m.router.Snapshot().Admission)
 	var restarted []string
 	m.mu.Lock()
+	// the restarts seen now happened after the previous round
+	prevRound := m.lastTaken
 	for i := range s.Replicas {
 		rs := &s.Replicas[i]
 		if rs.Resets > m.resets[rs.ID] && m.current[rs.ID] {
@@ -283,7 +285,9 @@ func (m *modelState) onSnapshot(s *vllmstats.Snapshot) {
 	}
 	m.mu.Unlock()
 	for _, id := range restarted {
-		m.router.ColdReplica(id)
+		// turns routed since the previous round may have run on the
+		// restarted engine and filled its cache again
+		m.router.ColdReplicaSince(id, prevRound)
 	}
 }
 
@@ -315,17 +319,23 @@ func (m *modelState) recordUsage(replica string, u vllmstats.Usage, now time.Tim
 }
 
 // feedback reports a finished turn's delivered cached tokens to the router,
-// which checks them against its binding's prediction (placement.Feedback).
-// Only a response that carried both counts says anything.
-func (m *modelState) feedback(key string, dec placement.Decision, u vllmstats.Usage) {
+// which checks them against its binding's prediction (placement.Feedback),
+// and records a checked turn's prediction and delivery (at most the
+// prediction) for the stats page's delivered share. Only a response that
+// carried both counts says anything.
+func (m *modelState) feedback(key string, dec placement.Decision, u vllmstats.Usage, now time.Time) {
 	if key == "" || !u.Measured || !u.CachedMeasured {
 		return
 	}
-	m.router.Feedback(placement.Turn{
+	cached := int(min(u.CachedTokens, 1<<31-1))
+	predicted, _ := m.router.Feedback(placement.Turn{
 		Key: key, Replica: dec.Replica, Reason: dec.Reason,
-		Prompt: int(min(u.PromptTokens, 1<<31-1)), Cached: int(min(u.CachedTokens, 1<<31-1)),
+		Prompt: int(min(u.PromptTokens, 1<<31-1)), Cached: cached,
 		Completion: int(min(max(u.CompletionTokens, 0), 1<<31-1)),
 	})
+	if predicted > 0 {
+		m.acct.RecordDelivery(dec.Replica, predicted, min(cached, predicted), now)
+	}
 }
 
 func init() {

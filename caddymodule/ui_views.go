@@ -60,6 +60,12 @@ type uiStatsView struct {
 	Share     uiVal            `json:"share"` // the hour's cached share of prompt tokens
 	Totals    map[string]uiVal `json:"totals"`
 	HasData   bool             `json:"has_data"`
+	// Delivered is the share of predicted cached tokens delivered on
+	// sticky turns per step of DeliveredStepS (about a minute); null
+	// where no sticky turn was checked. DeliveredShare is the hour's.
+	Delivered      []*float64 `json:"delivered"`
+	DeliveredStepS float64    `json:"delivered_step_s"`
+	DeliveredShare uiVal      `json:"delivered_share"`
 }
 
 // uiCount renders a counter with thousands separators: 1,234,567.
@@ -300,6 +306,8 @@ func buildStatsView(model, replica string, ch PageChart) uiStatsView {
 		"computed":  uiTokenCount(tot.Computed),
 		"generated": uiTokenCount(tot.Generated),
 	}
+	v.Delivered, v.DeliveredStepS = uiDeliveredSeries(ch.Predicted, ch.Delivered, secs)
+	v.DeliveredShare = uiDeliveredHour(ch.Predicted, ch.Delivered, ch.DeliveredShare)
 	return v
 }
 

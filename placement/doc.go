@@ -56,9 +56,11 @@
 //     binding recorded means the conversation was compacted or cleared under
 //     the same key: placed by score and re-bound, ReasonRestarted (not
 //     counted as keyed). A binding with no start recorded learns it; Start
-//     0 checks nothing. A binding marked cold (Feedback found its cache
-//     gone, or ColdReplica: the replica restarted) whose replica is usable
-//     is placed by score and re-bound, ReasonColdReplaced.
+//     0 checks nothing. A binding marked cold (ColdReplica: the replica
+//     restarted since the conversation's last turn) whose replica is usable
+//     is placed by score and re-bound, ReasonColdReplaced. A turn that
+//     found its cache gone (Feedback) marks nothing: it computed its prompt
+//     on its replica, which holds it again.
 //
 //  3. Key bound to an available replica that is not over the threshold →
 //     ReasonSticky.

@@ -3,9 +3,8 @@ package placement
 import "time"
 
 // flagCold marks a binding whose replica no longer holds its conversation's
-// cache: the engine delivered far fewer cached tokens than the binding
-// predicted (Feedback), or the replica restarted (ColdReplica). Its next
-// turn is placed by load (ReasonColdReplaced).
+// cache: the replica restarted (ColdReplica) since the conversation's last
+// turn. Its next turn is placed by load (ReasonColdReplaced).
 const flagCold uint16 = 4
 
 // DefaultBlockTokens is vLLM's default KV block size (--block-size 16).
@@ -28,16 +27,18 @@ type Turn struct {
 // (ReasonSticky, ReasonStayedOverloaded) is predicted to find the previous
 // turn's prompt cached, minus one block (vLLM caches full blocks and always
 // computes the last prompt token); never more than its own prompt minus a
-// block, since a client may send a shorter history than before. Delivering less than half of that means
-// the conversation's cache is gone (evicted, or the replica restarted): the
-// binding is marked cold and its next turn is placed by load. Half, not
-// zero, because every replica holds the shared system prompt: a lost
-// conversation still delivers those blocks. Every turn then becomes the
-// prediction for the next one.
+// block, since a client may send a shorter history than before. The
+// prediction and what was delivered of it are counted on the replica
+// (PredictedTokens, DeliveredTokens); a shortfall (the conversation's cache
+// was evicted, or the replica restarted) does not mark the binding cold:
+// the turn that found its cache gone computed its whole prompt on this
+// replica, which holds it again, so its next turn finds it here and nowhere
+// else. Every turn then becomes the prediction for the next one.
 //
 // It returns the prediction (0 when there was none: not a sticky turn, a
 // binding's first turn, or a turn for a replica the conversation is no
-// longer bound to) and whether the binding was marked cold.
+// longer bound to); cold is true when the turn delivered less than half of
+// it, the sign of a lost cache.
 func (r *Router) Feedback(t Turn) (predicted int, cold bool) {
 	if t.Key == "" || t.Prompt < 0 || t.Cached < 0 {
 		return 0, false
@@ -60,11 +61,7 @@ func (r *Router) Feedback(t Turn) (predicted int, cold bool) {
 		p.measured++
 		p.predicted += uint64(predicted)
 		p.delivered += uint64(got)
-		if t.Cached < predicted/2 && en.flags&flagCold == 0 {
-			en.flags |= flagCold
-			p.coldMarked++
-			cold = true
-		}
+		cold = t.Cached < predicted/2
 	}
 	en.prompt = uint32(min(t.Prompt, 1<<32-1))
 	// The conversation's context as the engine counted it; on its first
@@ -89,6 +86,19 @@ func (r *Router) Feedback(t Turn) (predicted int, cold bool) {
 // reset: the engine restarted and its prefix cache is empty. It returns how
 // many bindings it marked; unknown IDs mark none.
 func (r *Router) ColdReplica(id string) int {
+	return r.ColdReplicaSince(id, time.Unix(0, 1<<62))
+}
+
+// ColdReplicaSince marks cold the bindings of replica id whose last turn
+// was routed before since: a restart seen at a poll happened after the
+// previous poll (since), and a turn routed after that may have run on the
+// restarted engine, computing its whole prompt there, so the replica holds
+// that conversation again; should it have run before the restart after
+// all, its next turn computes its prompt once more on the same replica,
+// which costs no more than moving it. It returns how many bindings it
+// marked; unknown IDs mark none.
+func (r *Router) ColdReplicaSince(id string, since time.Time) int {
+	cut := unixNanos(since)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	i, ok := r.byID[id]
@@ -99,6 +109,9 @@ func (r *Router) ColdReplica(id string) int {
 	n := 0
 	for e := p.head; e != nilIdx; e = r.b.ents[e].rnext {
 		en := &r.b.ents[e]
+		if en.last >= cut {
+			continue
+		}
 		if en.flags&flagCold == 0 {
 			en.flags |= flagCold
 			p.coldMarked++

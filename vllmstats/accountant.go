@@ -23,6 +23,10 @@ type TokenTotals struct {
 	// Unmeasured counts responses without a cached count (their prompt
 	// counted as computed), NoUsage those without any usage at all.
 	Unmeasured, NoUsage uint64
+	// Predicted are the cached tokens the router predicted for the
+	// sticky turns it checked (RecordDelivery), Delivered what the engine
+	// delivered of them.
+	Predicted, Delivered uint64
 }
 
 // Buckets are per-second token counts, oldest first.
@@ -46,6 +50,7 @@ type Series struct {
 type bucket struct {
 	sec                         int64 // Unix second this bucket holds; 0 = empty
 	cached, computed, generated uint64
+	predicted, delivered        uint64 // RecordDelivery
 }
 
 type replicaAccount struct {
@@ -107,6 +112,37 @@ func (a *Accountant) Record(replica string, u Usage, now time.Time) {
 	b.cached += cached
 	b.computed += computed
 	b.generated += generated
+}
+
+// RecordDelivery adds a sticky turn's check for replica at time now: the
+// cached tokens its binding predicted and those the engine delivered of
+// them (at most predicted). Turns without a prediction are not recorded.
+func (a *Accountant) RecordDelivery(replica string, predicted, delivered int, now time.Time) {
+	if predicted <= 0 {
+		return
+	}
+	p := uint64(predicted)
+	d := uint64(min(max(delivered, 0), predicted))
+	sec := now.Unix()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	r := a.replicas[replica]
+	if r == nil {
+		r = &replicaAccount{}
+		a.replicas[replica] = r
+	}
+	r.last = max(r.last, sec)
+	r.totals.Predicted += p
+	r.totals.Delivered += d
+	b := &r.ring[ringIndex(sec)]
+	if b.sec != sec {
+		if b.sec > sec {
+			return // older than the hour the ring holds
+		}
+		*b = bucket{sec: sec}
+	}
+	b.predicted += p
+	b.delivered += d
 }
 
 func ringIndex(sec int64) int {
@@ -242,9 +278,15 @@ type Chart struct {
 	Step time.Duration
 	// Tokens per step, oldest first.
 	Cached, Computed, Generated []uint64
+	// Predicted and Delivered per step: the cached tokens predicted for
+	// the sticky turns checked, and those delivered (RecordDelivery).
+	Predicted, Delivered []uint64
 	// CachedShare is cached / (cached + computed) over the steps, 0 when
 	// there were no prompt tokens.
 	CachedShare float64
+	// DeliveredShare is delivered / predicted over the steps, nil when
+	// nothing was predicted.
+	DeliveredShare *float64
 }
 
 // Chart sums the whole seconds of the hour before now's second into at most
@@ -264,6 +306,8 @@ func (a *Accountant) Chart(now time.Time, points int, replica string) (c Chart, 
 		Cached:    make([]uint64, n),
 		Computed:  make([]uint64, n),
 		Generated: make([]uint64, n),
+		Predicted: make([]uint64, n),
+		Delivered: make([]uint64, n),
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -277,6 +321,8 @@ func (a *Accountant) Chart(now time.Time, points int, replica string) (c Chart, 
 			c.Cached[k] += b.cached
 			c.Computed[k] += b.computed
 			c.Generated[k] += b.generated
+			c.Predicted[k] += b.predicted
+			c.Delivered[k] += b.delivered
 		}
 	}
 	if replica != "" {
@@ -290,13 +336,19 @@ func (a *Accountant) Chart(now time.Time, points int, replica string) (c Chart, 
 			add(r)
 		}
 	}
-	var cached, computed uint64
+	var cached, computed, predicted, delivered uint64
 	for k := range n {
 		cached += c.Cached[k]
 		computed += c.Computed[k]
+		predicted += c.Predicted[k]
+		delivered += c.Delivered[k]
 	}
 	if cached+computed > 0 {
 		c.CachedShare = float64(cached) / float64(cached+computed)
+	}
+	if predicted > 0 {
+		share := float64(delivered) / float64(predicted)
+		c.DeliveredShare = &share
 	}
 	return c, true
 }

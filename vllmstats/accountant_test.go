@@ -217,3 +217,78 @@ func TestAccountantChart(t *testing.T) {
 		t.Fatal("a replica without usage has a chart")
 	}
 }
+
+// TestAccountantDelivery checks the delivered share of predicted cached
+// tokens: per step of the chart, over the hour, per replica and summed, and
+// the totals; a turn without a prediction records nothing, delivery beyond
+// the prediction counts as the prediction, and turns older than the hour or
+// in the second in progress stay out of the chart.
+func TestAccountantDelivery(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	at := func(ago int) time.Time { return now.Add(-time.Duration(ago) * time.Second) }
+	type rec struct {
+		replica              string
+		predicted, delivered int
+		ago                  int // seconds before now
+	}
+	tests := []struct {
+		name    string
+		recs    []rec
+		replica string
+		points  int
+		// want: per chart step (index from the end: 0 = the last step)
+		// predicted/delivered; share nil when nothing was predicted
+		wantP, wantD map[int]uint64
+		share        *float64
+	}{
+		{"none", nil, "", 60, nil, nil, nil},
+		{"no prediction records nothing", []rec{{"a", 0, 50, 10}, {"a", -3, 0, 10}}, "", 60, nil, nil, nil},
+		{"one replica, per minute", []rec{{"a", 1000, 900, 30}, {"a", 1000, 100, 90}, {"b", 500, 500, 30}},
+			"a", 60, map[int]uint64{0: 1000, 1: 1000}, map[int]uint64{0: 900, 1: 100}, ptrF(0.5)},
+		{"all replicas", []rec{{"a", 1000, 900, 30}, {"a", 1000, 100, 90}, {"b", 500, 500, 30}},
+			"", 60, map[int]uint64{0: 1500, 1: 1000}, map[int]uint64{0: 1400, 1: 100}, ptrF(1500.0 / 2500)},
+		{"delivered beyond the prediction counts as predicted", []rec{{"a", 100, 250, 5}, {"a", 100, -1, 5}},
+			"", 60, map[int]uint64{0: 200}, map[int]uint64{0: 100}, ptrF(0.5)},
+		{"outside the hour and the second in progress", []rec{{"a", 100, 100, 0}, {"a", 100, 0, 3600}, {"a", 100, 0, 5000}, {"a", 100, 50, 1}},
+			"", 60, map[int]uint64{0: 100}, map[int]uint64{0: 50}, ptrF(0.5)},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			a := NewAccountant()
+			a.Record("a", Usage{Measured: true, CachedMeasured: true, PromptTokens: 10}, at(1))
+			var totP, totD uint64
+			for _, r := range tc.recs {
+				a.RecordDelivery(r.replica, r.predicted, r.delivered, at(r.ago))
+				if r.predicted > 0 && r.replica == "a" {
+					totP += uint64(r.predicted)
+					totD += uint64(min(max(r.delivered, 0), r.predicted))
+				}
+			}
+			ch, ok := a.Chart(now, tc.points, tc.replica)
+			if !ok {
+				t.Fatal("no chart")
+			}
+			n := len(ch.Predicted)
+			if n != len(ch.Cached) || len(ch.Delivered) != n {
+				t.Fatalf("%d predicted, %d delivered, %d cached steps", n, len(ch.Delivered), len(ch.Cached))
+			}
+			for k := range n {
+				back := n - 1 - k
+				if ch.Predicted[k] != tc.wantP[back] || ch.Delivered[k] != tc.wantD[back] {
+					t.Errorf("step -%d: %d of %d delivered, want %d of %d", back, ch.Delivered[k], ch.Predicted[k], tc.wantD[back], tc.wantP[back])
+				}
+			}
+			switch {
+			case tc.share == nil && ch.DeliveredShare != nil:
+				t.Errorf("share %v, want none", *ch.DeliveredShare)
+			case tc.share != nil && (ch.DeliveredShare == nil || *ch.DeliveredShare != *tc.share):
+				t.Errorf("share %v, want %v", ch.DeliveredShare, *tc.share)
+			}
+			if got := a.Totals()["a"]; got.Predicted != totP || got.Delivered != totD {
+				t.Errorf("totals %d of %d, want %d of %d", got.Delivered, got.Predicted, totD, totP)
+			}
+		})
+	}
+}
+
+func ptrF(f float64) *float64 { return &f }

@@ -25,5 +25,5 @@ func ExampleUsageParser() {
 	fmt.Printf("%+v\n", a.Totals()["127.0.0.1:8001"])
 	// Output:
 	// 11216 10800 416 200
-	// {Cached:10800 Computed:416 Generated:200 Requests:1 Unmeasured:0 NoUsage:0}
+	// {Cached:10800 Computed:416 Generated:200 Requests:1 Unmeasured:0 NoUsage:0 Predicted:0 Delivered:0}
 }

@@ -89,8 +89,26 @@ func New(now time.Time) *Fixture {
 			}, time.Unix(now.Unix()-3599+int64(j), 0))
 		}
 	}
+	// Sticky turns checked against their bindings' predictions: one every
+	// 10 s per replica over the last half hour, replica i delivering
+	// 100 − 2.5·i % of what was predicted, except one minute in which
+	// the last replica delivered nothing (as after a restart).
+	for i, id := range slices.Sorted(maps.Keys(f.stats.Replicas)) {
+		for j := 1800; j < 3600; j += 10 {
+			delivered := 1000 - 25*i
+			if i == 3 && j >= DeliveryDip && j < DeliveryDip+60 {
+				delivered = 0
+			}
+			f.acct.RecordDelivery(id, 1000, delivered, time.Unix(now.Unix()-3599+int64(j), 0))
+		}
+	}
 	return f
 }
+
+// DeliveryDip is the series index (second) where the minute starts in
+// which the fixture's last replica delivered none of its predicted cached
+// tokens.
+const DeliveryDip = 3000
 
 func newSeries() caddymodule.Series {
 	return caddymodule.Series{Cached: make([]uint64, 3600), Computed: make([]uint64, 3600), Generated: make([]uint64, 3600)}

@@ -144,6 +144,21 @@
     return d + "Z";
   }
 
+  // line returns an SVG path through the 0–1 values, broken where a value
+  // is null (no sticky turn checked in that minute).
+  function line(vals, w, h) {
+    var n = vals.length, d = "", pen = false;
+    var dx = n > 1 ? w / (n - 1) : w;
+    for (var i = 0; i < n; i++) {
+      if (vals[i] === null) { pen = false; continue; }
+      var y = (h - Math.min(Math.max(vals[i], 0), 1) * h).toFixed(1);
+      d += (pen ? "L" : "M") + (i * dx).toFixed(1) + " " + y;
+      if (!pen && (i + 1 >= n || vals[i + 1] === null)) { d += "h2"; } // a lone minute shows as a dash
+      pen = true;
+    }
+    return d;
+  }
+
   function setPath(el, d) { if (el.getAttribute("d") !== d) { el.setAttribute("d", d); } }
 
   function renderStats(view) {
@@ -156,6 +171,11 @@
     set($("prompt-max"), view.prompt_max);
     set($("gen-max"), view.gen_max);
     set($("share"), view.share);
+    var delivered = view.delivered || [];
+    setPath($("p-delivered"), line(delivered, 720, 70));
+    set($("delivered-share"), view.delivered_share);
+    $("delivered-chart").setAttribute("data-points", String(delivered.length));
+    setClass($("delivered-chart"), "empty", !delivered.some(function (v) { return v !== null; }));
     ["cached", "computed", "generated"].forEach(function (k) { set($("t-" + k), view.totals[k]); });
     $("prompt-chart").setAttribute("data-points", String(view.cached.length));
     setClass($("prompt-chart"), "empty", !view.has_data);

@@ -100,28 +100,27 @@ func addCommon(fs *flag.FlagSet, c *common, w bench.Workload, stageLength, warmu
 	fs.DurationVar(&c.w.Think, "think", w.Think, "mean client pause between turns, engine time (0: none)")
 	fs.StringVar(&c.w.Model, "model", w.Model, "model name sent in requests (and LM Warden's model)")
 	fs.StringVar(&c.stages, "stages", "4,8,16,24,32", "concurrent sessions of each stage, comma-separated")
-	fs.StringVar(&c.modes, "modes", modes, "routing modes run per stage: vllm-dp, off, on, admit, lifecycle (sim only), least_conn, round_robin, header")
-	fs.BoolVar(&c.compare, "compare", false, "run all modes: vllm-dp, off, on, admit, lifecycle (sim only), least_conn, round_robin, header")
+	fs.StringVar(&c.modes, "modes", modes, "routing modes run per stage: vllm-dp, off, on, admit, lifecycle (sim and demo), least_conn, round_robin, header")
+	fs.BoolVar(&c.compare, "compare", false, "run all modes: vllm-dp, off, on, admit, lifecycle (sim), least_conn, round_robin, header")
 	fs.DurationVar(&c.stageLength, "stage-length", stageLength, "measured length of a stage, engine time")
 	fs.DurationVar(&c.warmup, "warmup", warmup, "warm-up before each stage's measurement, engine time")
-	fs.Float64Var(&c.w.CompactShare, "compact-share", w.CompactShare, "share of sessions that compact their history into a summary (sim)")
+	fs.Float64Var(&c.w.CompactShare, "compact-share", w.CompactShare, "share of sessions that compact their history into a summary (the same session ID, the history replaced by a summary)")
 	fs.IntVar(&c.w.CompactAfter, "compact-after", 3, "compacting sessions compact after this many turns")
 	fs.IntVar(&c.w.CompactTokens, "compact-tokens", 800, "tokens of the summary that replaces a compacted history")
 	fs.StringVar(&c.out, "out", "warden-bench-out", "directory for report.json, table.md and the PNG charts")
 }
 
-// simOnly rejects what only the sim can do: compacting sessions and the
-// lifecycle mode (which --compare leaves out here).
-func (c *common) simOnly(modes []string) ([]string, error) {
-	if c.w.CompactShare > 0 {
-		return nil, errors.New("--compact-share: compaction is simulated only (warden-bench sim)")
-	}
+// httpModes checks the modes of a run over HTTP: the lifecycle mode needs
+// Caddy configurations the demo writes (restart detection off for on,
+// on for lifecycle), so run, which drives a router it did not configure,
+// refuses it (its --compare leaves it out).
+func (c *common) httpModes(modes []string, lifecycle bool) ([]string, error) {
 	out := modes[:0:0]
 	for _, m := range modes {
-		if m != bench.ModeLifecycle {
+		if m != bench.ModeLifecycle || lifecycle {
 			out = append(out, m)
 		} else if !c.compare {
-			return nil, errors.New("mode lifecycle runs in warden-bench sim only")
+			return nil, errors.New("mode lifecycle runs in warden-bench sim and demo only")
 		}
 	}
 	return out, nil
@@ -210,7 +209,7 @@ func runDemo(ctx context.Context, args []string) error {
 	}
 	stages, modes, err := c.parse()
 	if err == nil {
-		modes, err = c.simOnly(modes)
+		modes, err = c.httpModes(modes, true)
 	}
 	if err != nil {
 		return err
@@ -220,7 +219,7 @@ func runDemo(ctx context.Context, args []string) error {
 		// one server per replica: --compare runs the latter.
 		modes = modes[:0:0]
 		for _, m := range bench.CompareModes {
-			if m != bench.ModeVLLMDP && m != bench.ModeLifecycle {
+			if m != bench.ModeVLLMDP {
 				modes = append(modes, m)
 			}
 		}
@@ -356,7 +355,7 @@ func runHTTP(ctx context.Context, args []string) error {
 	}
 	stages, modes, err := c.parse()
 	if err == nil {
-		modes, err = c.simOnly(modes)
+		modes, err = c.httpModes(modes, false)
 	}
 	if err != nil {
 		return err

@@ -13,7 +13,9 @@ import (
 // engine time), the replica is killed (kill: its port refuses connections
 // and its open streams are cut; restarted empty afterwards) or hung (hang:
 // it accepts requests and never answers them, while its /metrics still
-// does; cleared afterwards).
+// does; cleared afterwards), or restarted (restart: killed and restarted
+// at once with an empty prefix cache and counters from zero, as vLLM after
+// a quick restart; For does not apply).
 type Fault struct {
 	Kind    string // "kill" or "hang"
 	Replica int
@@ -22,22 +24,30 @@ type Fault struct {
 
 // Fault kinds.
 const (
-	FaultKill = "kill"
-	FaultHang = "hang"
+	FaultKill    = "kill"
+	FaultHang    = "hang"
+	FaultRestart = "restart"
 )
 
 // String renders the fault as ParseFault reads it.
 func (f Fault) String() string {
+	if f.Kind == FaultRestart {
+		return fmt.Sprintf("%s:replica=%d,at=%s", f.Kind, f.Replica, f.At)
+	}
 	return fmt.Sprintf("%s:replica=%d,at=%s,for=%s", f.Kind, f.Replica, f.At, f.For)
 }
 
-// ParseFault reads "kill:replica=1,at=30s,for=25s" (or hang:…). replica
-// defaults to 0, at to 30s, for to 25s.
+// ParseFault reads "kill:replica=1,at=30s,for=25s" (or hang:…, or
+// restart:replica=1,at=30s without for). replica defaults to 0, at to 30s,
+// for to 25s.
 func ParseFault(s string) (Fault, error) {
 	kind, rest, _ := strings.Cut(strings.TrimSpace(s), ":")
 	f := Fault{Kind: kind, At: 30 * time.Second, For: 25 * time.Second}
-	if kind != FaultKill && kind != FaultHang {
-		return Fault{}, fmt.Errorf("fault %q: kind must be kill or hang", s)
+	if kind != FaultKill && kind != FaultHang && kind != FaultRestart {
+		return Fault{}, fmt.Errorf("fault %q: kind must be kill, hang or restart", s)
+	}
+	if kind == FaultRestart {
+		f.For = 0
 	}
 	if rest == "" {
 		return f, nil
@@ -60,6 +70,10 @@ func ParseFault(s string) (Fault, error) {
 				err = fmt.Errorf("negative")
 			}
 		case "for":
+			if kind == FaultRestart {
+				err = fmt.Errorf("a restart has no duration")
+				break
+			}
 			f.For, err = time.ParseDuration(v)
 			if err == nil && f.For <= 0 {
 				err = fmt.Errorf("must be positive")
@@ -94,6 +108,18 @@ func (f Fault) Inject(ctx context.Context, target FaultTarget, warmup time.Durat
 	case <-time.After(wall(warmup + f.At)):
 	}
 	var err error
+	if f.Kind == FaultRestart {
+		if err = target.Stop(f.Replica); err == nil {
+			err = target.Restart(f.Replica)
+		}
+		if err != nil {
+			return fmt.Errorf("fault %s: %w", f, err)
+		}
+		if log != nil {
+			log(fmt.Sprintf("fault: restarted replica %d (empty cache)", f.Replica))
+		}
+		return nil
+	}
 	if f.Kind == FaultKill {
 		err = target.Stop(f.Replica)
 	} else {

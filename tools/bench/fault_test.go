@@ -17,6 +17,9 @@ func TestParseFault(t *testing.T) {
 		{"kill:replica=1,at=30s,for=25s", Fault{FaultKill, 1, 30 * time.Second, 25 * time.Second}, ""},
 		{"hang:replica=2", Fault{FaultHang, 2, 30 * time.Second, 25 * time.Second}, ""},
 		{"kill", Fault{FaultKill, 0, 30 * time.Second, 25 * time.Second}, ""},
+		{"restart:replica=1,at=5s", Fault{FaultRestart, 1, 5 * time.Second, 0}, ""},
+		{"restart", Fault{FaultRestart, 0, 30 * time.Second, 0}, ""},
+		{"restart:for=3s", Fault{}, "no duration"},
 		{"explode:replica=1", Fault{}, "kind"},
 		{"kill:replica=-1", Fault{}, "negative"},
 		{"kill:for=0s", Fault{}, "positive"},
@@ -69,6 +72,7 @@ func TestFaultInjectLiftsOnStageEnd(t *testing.T) {
 	}{
 		{Fault{FaultKill, 0, 10 * time.Millisecond, time.Hour}, "stop,restart"},
 		{Fault{FaultHang, 0, 10 * time.Millisecond, 10 * time.Millisecond}, "hang,unhang"},
+		{Fault{FaultRestart, 0, 10 * time.Millisecond, 0}, "stop,restart"},
 	} {
 		var rt recordTarget
 		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)

@@ -7,7 +7,9 @@ package bench
 // ModeOff and ModeOn are LM Warden's policy with affinity off (its own
 // least-loaded pick) and on; ModeLifecycle is affinity on with the
 // conversation lifecycle checks (start fingerprint, delivered-hit feedback,
-// counter resets marking a replica's bindings cold; the sim only);
+// counter resets marking a replica's bindings cold). In the demo, on runs
+// with the handler's restart detection off and lifecycle with it on (LM
+// Warden's default); feedback and cold marking are always on in Caddy;
 // ModeAdmit is affinity on with working-set admission (new conversations
 // wait at the router while they fit no replica's KV cache). The others are
 // Caddy's own selection policies.

@@ -599,7 +599,7 @@ func (s *simulator) poll() {
 		if last != nil && s.mode == ModeLifecycle && float64(st.PrefixQueries) < last.Replicas[e.id].Queries {
 			// The counters went back: the replica restarted, as the
 			// poller sees it; its bindings are cold.
-			s.router.ColdReplica(e.id)
+			s.router.ColdReplicaSince(e.id, simEpoch.Add(last.At))
 		}
 		p.Replicas[e.id] = ReplicaCounters{Running: float64(e.e.Running()), Hits: float64(st.PrefixHits), Queries: float64(st.PrefixQueries)}
 		s.router.UpdateLoad(e.id, placement.Load{Running: e.e.Running(), Waiting: e.e.Waiting(), KVUsage: e.e.KVUsage(), Reachable: true, Seen: simEpoch.Add(s.now),

@@ -303,10 +303,11 @@ func TestSimCalibration(t *testing.T) {
 
 // lifecycleSim is shortSim with affinity on, with and without the lifecycle
 // checks, collecting each stage's detail.
-func lifecycleSim(t *testing.T, events bool) (*Report, map[string][]SimDetail) {
+func lifecycleSim(t *testing.T, events bool, think time.Duration) (*Report, map[string][]SimDetail) {
 	t.Helper()
 	cfg := shortSim()
 	cfg.Modes = []string{ModeOn, ModeLifecycle}
+	cfg.Workload.Think = think
 	if events {
 		cfg.Workload.CompactShare, cfg.Workload.CompactAfter, cfg.Workload.CompactTokens = 0.2, 3, 800
 		cfg.RestartAt, cfg.RestartReplica = 50*time.Second, 1
@@ -326,11 +327,13 @@ func lifecycleSim(t *testing.T, events bool) (*Report, map[string][]SimDetail) {
 // TestSimLifecycle pins how the sim drives the router in the lifecycle
 // mode: without compaction or restarts nothing is placed anew (no false
 // restarts, no false cold bindings) and hits match affinity on; with them,
-// compacted conversations are placed anew (restarted) and bindings on the
-// restarted replica are found cold, while affinity on without the checks
-// keeps every binding.
+// compacted conversations are placed anew (restarted), while affinity on
+// without the checks keeps every binding. A restart's bindings are found
+// cold only when idle since the poll before it: in the closed loop every
+// conversation on the replica resends its turn at once and refills its
+// cache there, so none is; with agents pausing between turns some are.
 func TestSimLifecycle(t *testing.T) {
-	rep, det := lifecycleSim(t, false)
+	rep, det := lifecycleSim(t, false, 0)
 	for i, n := range []int{4, 8} {
 		on, _ := rep.Find(ModeOn, n)
 		lc, _ := rep.Find(ModeLifecycle, n)
@@ -345,7 +348,7 @@ func TestSimLifecycle(t *testing.T) {
 		}
 	}
 
-	rep, det = lifecycleSim(t, true)
+	rep, det = lifecycleSim(t, true, 0)
 	restarted, cold := 0, 0
 	for i, n := range []int{4, 8} {
 		if d := det[ModeOn][i]; d.Restarted != 0 || d.ColdReplaced != 0 {
@@ -360,8 +363,17 @@ func TestSimLifecycle(t *testing.T) {
 			}
 		}
 	}
-	if restarted == 0 || cold == 0 {
-		t.Errorf("lifecycle with compaction and a restart: %d restarted, %d cold-replaced turns, want both", restarted, cold)
+	if restarted == 0 || cold != 0 {
+		t.Errorf("lifecycle with compaction and a restart, closed loop: %d restarted, %d cold-replaced turns, want restarted and no cold", restarted, cold)
+	}
+
+	_, det = lifecycleSim(t, true, 20*time.Second)
+	cold = 0
+	for _, d := range det[ModeLifecycle] {
+		cold += d.ColdReplaced
+	}
+	if cold == 0 {
+		t.Error("lifecycle with a restart and agents pausing 20 s between turns: no binding found cold")
 	}
 }
 

@@ -160,6 +160,11 @@ func (g *Generator) NextAt(start int) *Session {
 	for range start {
 		s.Answer(textOfTokens(r, s.OutputTokens, g.count))
 	}
+	if g.Compacts(s) && start <= g.w.CompactAfter {
+		// as the sim: a session compacts when it sends its CompactAfter
+		// turn, so one started past it never does
+		s.CompactAt, s.Summary = g.w.CompactAfter, g.Summary(s)
+	}
 	return s
 }
 
@@ -218,6 +223,13 @@ type Session struct {
 	OutputTokens int      // max_tokens per turn
 	// Think is the client's pause before each turn (0 before the first).
 	Think []time.Duration
+	// CompactAt, when positive, is the turn at which the session compacts
+	// (NextAt sets it for the sessions Compacts chooses that start at or
+	// before it): from that turn on, History starts with Summary, as
+	// Claude Code's /compact replaces the history under the same session
+	// ID, followed by the turns since.
+	CompactAt int
+	Summary   string
 }
 
 // Turns is the number of turns of the session.
@@ -239,10 +251,18 @@ type Message struct {
 }
 
 // History returns the messages of turn t (0-based): every earlier user
-// message followed by its answer, then turn t's user message.
+// message followed by its answer, then turn t's user message. A session
+// that compacted at turn CompactAt <= t sends its Summary as the first
+// message instead of the turns before CompactAt.
 func (s *Session) History(t int) []Message {
 	msgs := make([]Message, 0, 2*t+1)
-	for i := 0; i < t; i++ {
+	from := 0
+	if s.CompactAt > 0 && t >= s.CompactAt {
+		// compacted: the summary replaces the turns before CompactAt
+		msgs = append(msgs, Message{Role: "user", Text: s.Summary})
+		from = s.CompactAt
+	}
+	for i := from; i < t; i++ {
 		msgs = append(msgs, Message{Role: "user", Text: s.Messages[i]})
 		if i < len(s.Answers) {
 			msgs = append(msgs, Message{Role: "assistant", Text: s.Answers[i]})

@@ -103,6 +103,11 @@ type browserCard struct {
 	ChartEmpty bool        `json:"chartEmpty"`
 	Share      browserCell `json:"share"`
 	Live       string      `json:"live"`
+	// the delivered-share chart: its line's path, points and hour figure
+	DeliveredPath   string      `json:"deliveredPath"`
+	DeliveredPoints string      `json:"deliveredPoints"`
+	DeliveredEmpty  bool        `json:"deliveredEmpty"`
+	DeliveredShare  browserCell `json:"deliveredShare"`
 }
 
 type browserCell struct {
@@ -128,6 +133,10 @@ const browserReadCardJS = `(() => {
     chartEmpty: document.getElementById("prompt-chart").classList.contains("empty"),
     share: cell(document.getElementById("share")),
     live: document.getElementById("live").textContent,
+    deliveredPath: document.getElementById("p-delivered").getAttribute("d") || "",
+    deliveredPoints: document.getElementById("delivered-chart").getAttribute("data-points") || "",
+    deliveredEmpty: document.getElementById("delivered-chart").classList.contains("empty"),
+    deliveredShare: cell(document.getElementById("delivered-share")),
   };
 })()`
 
@@ -351,6 +360,25 @@ func TestBrowserPageFixture(t *testing.T) {
 	browserWaitRenders(t, ctx, 1)
 	if browserReadCard(t, ctx).Actions {
 		t.Error("actions shown while the admin API is read-only")
+	}
+
+	// The delivered share per minute: a line from the first checked
+	// minute on (none before the fixture's traffic), and the hour's figure
+	// as the view document gives it.
+	var all struct {
+		Delivered      []*float64 `json:"delivered"`
+		DeliveredShare struct {
+			T string `json:"t"`
+		} `json:"delivered_share"`
+	}
+	browserGetAdmin(t, ts.URL+"/lm-warden/ui/qwen3-4b/stats.json", &all)
+	got := browserReadCard(t, ctx)
+	if got.DeliveredEmpty || got.DeliveredPoints != strconv.Itoa(len(all.Delivered)) || got.DeliveredShare.T != all.DeliveredShare.T {
+		t.Errorf("delivered chart: empty %v, %s points (view %d), hour %q (view %q)", got.DeliveredEmpty,
+			got.DeliveredPoints, len(all.Delivered), got.DeliveredShare.T, all.DeliveredShare.T)
+	}
+	if moves := strings.Count(got.DeliveredPath, "M"); moves != 1 || strings.Count(got.DeliveredPath, "L") < 20 {
+		t.Errorf("delivered line %q: want one unbroken line over the checked minutes", got.DeliveredPath)
 	}
 
 	// Per-replica chart.

@@ -293,7 +293,7 @@ func (p *demoProxy) Caddyfile(mode string) string {
 	fmt.Fprintf(&b, "{\n\tadmin %s\n\tpersist_config off\n\tauto_https off\n\tlog {\n\t\tlevel ERROR\n\t}\n}\n\n", p.admin)
 	fmt.Fprintf(&b, "http://%s {\n\tbind 127.0.0.1\n", p.listen)
 	switch mode {
-	case bench.ModeOff, bench.ModeOn, bench.ModeAdmit:
+	case bench.ModeOff, bench.ModeOn, bench.ModeAdmit, bench.ModeLifecycle:
 		aff, adm := "on", "off"
 		if mode == bench.ModeOff {
 			aff = "off"
@@ -301,7 +301,13 @@ func (p *demoProxy) Caddyfile(mode string) string {
 		if mode == bench.ModeAdmit {
 			adm = "on"
 		}
-		fmt.Fprintf(&b, "\tlm_warden\n\treverse_proxy %s {\n", strings.Join(ups, " "))
+		// restart detection is LM Warden's default; the modes other than
+		// lifecycle go without it, as the sim's modes of those names
+		restart := "off"
+		if mode == bench.ModeLifecycle {
+			restart = "on"
+		}
+		fmt.Fprintf(&b, "\tlm_warden {\n\t\trestart_detection %s\n\t}\n\treverse_proxy %s {\n", restart, strings.Join(ups, " "))
 		fmt.Fprintf(&b, "\t\tlb_policy lm_warden {\n\t\t\tmodel %s\n\t\t\taffinity %s\n\t\t\tadmission %s\n\t\t\tmax_num_seqs %d\n\t\t\tpoll_interval %s\n", p.model, aff, adm, p.maxSeqs, p.poll)
 		// Admission's times are the engine's: at speed × they pass that
 		// much faster (as the poll interval does).
@@ -355,7 +361,9 @@ func (p *demoProxy) setMode(ctx context.Context, mode string) error {
 		return nil
 	}
 	lmw := func(m string) bool { return bench.PolicyOf(m) == "lm_warden" }
-	if lmw(mode) && lmw(p.mode) {
+	// restart detection is the handler's setting: only a reload switches it
+	sameHandler := (mode == bench.ModeLifecycle) == (p.mode == bench.ModeLifecycle)
+	if lmw(mode) && lmw(p.mode) && sameHandler {
 		err := p.put(ctx, "affinity", mode != bench.ModeOff)
 		if err == nil {
 			err = p.put(ctx, "admission", mode == bench.ModeAdmit)

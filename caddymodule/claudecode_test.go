@@ -1,0 +1,147 @@
+package caddymodule
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// ccRequest is one request Claude Code sent, as testdata/claudecode holds
+// it: the body as sent (tool descriptions trimmed) and the headers that
+// matter for routing.
+type ccRequest struct {
+	File         string            `json:"file"`
+	Conversation string            `json:"conversation"`
+	Step         string            `json:"step"`
+	Headers      map[string]string `json:"headers"`
+	Path         string            `json:"path"`
+	body         string
+}
+
+func loadClaudeCode(t *testing.T) []ccRequest {
+	t.Helper()
+	dir := filepath.Join("testdata", "claudecode")
+	b, err := os.ReadFile(filepath.Join(dir, "requests.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reqs []ccRequest
+	if err := json.Unmarshal(b, &reqs); err != nil {
+		t.Fatal(err)
+	}
+	for i := range reqs {
+		body, err := os.ReadFile(filepath.Join(dir, reqs[i].File))
+		if err != nil {
+			t.Fatal(err)
+		}
+		reqs[i].body = string(body)
+	}
+	return reqs
+}
+
+// TestClaudeCodeStartIsStable checks the start fingerprint on requests a
+// real Claude Code sent: it stays the same over the turns of a
+// conversation, over a second process continuing it (--continue) and for
+// the summarising request of /compact, so restart detection never restarts
+// such a turn; it changes on the first turn after /compact (same session
+// ID, history replaced by the summary) and when the model is switched
+// (another system prompt: nothing of the conversation's cache past the
+// shared first block matches). /clear starts a new session ID.
+func TestClaudeCodeStartIsStable(t *testing.T) {
+	reqs := loadClaudeCode(t)
+	// the start each request should have: requests with the same letter
+	// have the same start
+	want := map[string]string{
+		"01-conv-a.json": "A", "02-conv-a.json": "A", "03-conv-a.json": "A",
+		"04-conv-a.json": "A", "05-conv-a.json": "A", "06-conv-a.json": "B",
+		"07-conv-b.json": "C", "08-conv-b.json": "C", "09-conv-b.json": "D",
+	}
+	if len(reqs) != len(want) {
+		t.Fatalf("%d captured requests, want %d", len(reqs), len(want))
+	}
+	seen := map[string]uint64{} // letter -> fingerprint
+	byFP := map[uint64]string{}
+	for _, r := range reqs {
+		t.Run(r.File, func(t *testing.T) {
+			sid := r.Headers["X-Claude-Code-Session-Id"]
+			if sid == "" {
+				t.Fatalf("no session header (%s)", r.Step)
+			}
+			hdr := http.Header{}
+			for k, v := range r.Headers {
+				hdr.Set(k, v)
+			}
+			if key, _ := defaultKeyExtractor.fromHeaders(hdr); key != sid {
+				t.Errorf("key from headers %q, want %q", key, sid)
+			}
+			if got := sessionFromBody(r.body); got != sid {
+				t.Errorf("key from metadata %q, want the header's %q", got, sid)
+			}
+			fp := startFingerprint(r.body, defaultFingerprintBytes)
+			if fp == 0 {
+				t.Fatal("no start fingerprint")
+			}
+			letter := want[r.File]
+			if prev, ok := seen[letter]; ok && prev != fp {
+				t.Errorf("%s: start %x, want %x as the conversation's earlier turns", r.Step, fp, prev)
+			}
+			if other, ok := byFP[fp]; ok && other != letter {
+				t.Errorf("%s: start %x equals that of start %s", r.Step, fp, other)
+			}
+			seen[letter], byFP[fp] = fp, letter
+		})
+	}
+}
+
+// TestClaudeCodeFirstMessageInBudget: the fingerprint reaches the first
+// user message of Claude Code's requests within the default budget (its
+// system prompt is about 26 KB); were the budget spent on the system
+// prompt, a compacted conversation would keep its start.
+func TestClaudeCodeFirstMessageInBudget(t *testing.T) {
+	for _, r := range loadClaudeCode(t) {
+		fp, _ := hashStart(r.body, defaultFingerprintBytes)
+		if fp.budget <= 0 {
+			t.Errorf("%s (%s): budget spent before the first user message", r.File, r.Step)
+		}
+	}
+}
+
+var maxTokens = regexp.MustCompile(`"max_tokens":[0-9]+`)
+
+// TestClaudeCodeReplayThroughCaddy sends the captured requests through
+// Caddy with the handler's default settings, in order: restart detection
+// is on by default, so the conversation sticks over its turns and the
+// summarising request and is placed anew (restarted) after /compact and
+// after the model switch.
+func TestClaudeCodeReplayThroughCaddy(t *testing.T) {
+	_, ids := startEmulator(t, 2, 50)
+	loadSite(t, fmt.Sprintf(`
+	lm_warden
+	reverse_proxy %s {
+		lb_policy lm_warden {
+			model cc-replay
+			poll_interval 100ms
+		}
+		flush_interval -1
+	}`, strings.Join(ids, " ")))
+	want := []string{"placed", "sticky", "sticky", "sticky", "sticky", "restarted", "placed", "sticky", "restarted"}
+	for i, r := range loadClaudeCode(t) {
+		// the emulated model's context is 32K tokens: ask for few
+		body := maxTokens.ReplaceAllString(r.body, `"max_tokens":16`)
+		res := sendTurn(t, "/v1/messages", body, map[string]string{
+			"X-Claude-Code-Session-Id": r.Headers["X-Claude-Code-Session-Id"],
+			"Anthropic-Version":        r.Headers["Anthropic-Version"],
+		})
+		if res.status != http.StatusOK {
+			t.Fatalf("%s: %d %s", r.File, res.status, res.body)
+		}
+		if res.reason != want[i] {
+			t.Errorf("%s (%s): %s, want %s", r.File, r.Step, res.reason, want[i])
+		}
+	}
+}

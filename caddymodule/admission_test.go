@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/lmwarden/caddy-lmwarden/placement"
 )
 
 // admissionSite starts one emulated replica behind Caddy with admission
@@ -312,6 +314,33 @@ func TestAdmissionUnknownCapacity(t *testing.T) {
 	for _, r := range getCard(t, "adm-unknown").Replicas {
 		if r.KVCapacityTokens != nil {
 			t.Fatalf("%s capacity %d, want null", r.ID, *r.KVCapacityTokens)
+		}
+	}
+}
+
+// TestAdmissionTexts: the card's admission line, working-set cell and
+// warning, and the Retry-After of a refused request.
+func TestAdmissionTexts(t *testing.T) {
+	wait := 12.5
+	cap36 := int64(36800)
+	for _, tc := range []struct{ name, got, want string }{
+		{"off", uiAdmission(AdmissionRow{}).T, "off"},
+		{"inactive", uiAdmission(AdmissionRow{On: true, Why: "no replicas"}).T, "not in force: no replicas"},
+		{"waiting", uiAdmission(AdmissionRow{On: true, Active: true, Waiting: 3, MeanWaitS: &wait, Refused: 2}).T, "on · 3 waiting (mean wait 12.5 s) · 2 refused"},
+		{"working set", uiWorkingSet(31200, &cap36, true).T, "31.2 k of 36.8 k (84.8%) · full"},
+		{"working set, capacity unknown", uiWorkingSet(900, nil, false).T, "900 of unknown"},
+		{"warning", overcommitMessage(placement.AdmissionSnapshot{On: true, Active: true, Waiting: 9,
+			WorkingSetTokens: 250000, WaitingTokens: 62000, CapacityTokens: 147200}),
+			"active conversations hold 312k tokens; the replicas cache 147k: expect low cache hits, admission is holding 9 conversations"},
+		{"warning, admission off", overcommitMessage(placement.AdmissionSnapshot{WorkingSetTokens: 200000, CapacityTokens: 147200}),
+			"active conversations hold 200k tokens; the replicas cache 147k: expect low cache hits; admission is off"},
+		{"no warning when it fits", overcommitMessage(placement.AdmissionSnapshot{WorkingSetTokens: 100000, CapacityTokens: 147200}), ""},
+		{"retry after: mean wait", fmt.Sprint(retryAfter(placement.AdmissionSnapshot{Wait: 5 * time.Minute, AdmittedAfterWait: 4, WaitedTotal: 42 * time.Second})), "11"},
+		{"retry after: nothing admitted yet", fmt.Sprint(retryAfter(placement.AdmissionSnapshot{Wait: 5 * time.Minute})), "300"},
+		{"retry after: at least a second", fmt.Sprint(retryAfter(placement.AdmissionSnapshot{Wait: time.Minute, AdmittedAfterWait: 1})), "1"},
+	} {
+		if tc.got != tc.want {
+			t.Errorf("%s: %q, want %q", tc.name, tc.got, tc.want)
 		}
 	}
 }

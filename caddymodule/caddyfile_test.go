@@ -74,6 +74,30 @@ func TestPolicyCaddyfile(t *testing.T) {
 			metrics_path metrics
 		}`, &Policy{}, true},
 		{"two inline args", `lm_warden a b`, &Policy{}, true},
+		{"admission settings", `lm_warden {
+			model m
+			admission off
+			kv_tokens 36800
+			admit_high_water 0.9
+			admit_window 30s
+			admit_wait 2m
+			admit_queue 64
+			bytes_per_token 3.5
+		}`, &Policy{Model: "m", Admission: ptr(false), KVTokens: 36800, AdmitHighWater: 0.9,
+			AdmitWindow: caddy.Duration(30 * time.Second), AdmitWait: caddy.Duration(2 * time.Minute),
+			AdmitQueue: 64, BytesPerToken: 3.5}, false},
+		{"bad kv_tokens", `lm_warden {
+			kv_tokens lots
+		}`, &Policy{}, true},
+		{"bad admit_high_water", `lm_warden {
+			admit_high_water -1
+		}`, &Policy{}, true},
+		{"bad admit_wait", `lm_warden {
+			admit_wait 0s
+		}`, &Policy{}, true},
+		{"bad admission", `lm_warden {
+			admission sometimes
+		}`, &Policy{}, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -99,6 +123,9 @@ func TestPolicyValidate(t *testing.T) {
 		{"no model", &Policy{}, false},
 		{"timeout not shorter than interval", &Policy{Model: "m", PollInterval: caddy.Duration(time.Second), PollTimeout: caddy.Duration(time.Second)}, false},
 		{"bad scheme", &Policy{Model: "m", PollScheme: "ftp"}, false},
+		{"high water too high", &Policy{Model: "m", AdmitHighWater: 5}, false},
+		{"negative kv_tokens", &Policy{Model: "m", KVTokens: -1}, false},
+		{"bytes per token too high", &Policy{Model: "m", BytesPerToken: 100}, false},
 	} {
 		if err := tt.p.Validate(); (err == nil) != tt.ok {
 			t.Errorf("%s: err = %v", tt.name, err)

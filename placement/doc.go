@@ -124,8 +124,42 @@
 // is off by default. docs/overload.md in the repository has the measured
 // figures and the commands that regenerate them.
 //
-// # Bindings
+// # Admission
 //
+// Working-set admission keeps the conversations placed on a replica within
+// its KV cache, so that their prefixes survive between turns. It is on
+// unless Config.AdmissionOff (and needs affinity), and in force while every
+// replica polled so far exported its KV capacity (Load.KVTokens, from
+// vllm:cache_config_info) or Config.KVTokens gives it; otherwise it stays
+// out of the way and AdmissionSnapshot.Why says why.
+//
+// A replica's working set is the context its resident conversations hold:
+// those with a turn in flight there, and those whose last turn ended
+// recently — within twice their longest pause between turns (at least
+// AdmitWindow/30), or within AdmitWindow while no pause has been seen.
+// Each counts with its own part (its context as the engine counted it on
+// its last turn, prompt + completion, minus what new conversations find
+// cached on the replica: the system prompt, held once), but at least what
+// conversations grow to: the 90th percentile of the last 128 turns' own
+// parts. A new conversation counts with Request.Tokens (estimated from the
+// request) until the engine reports its first turn.
+//
+// Rule 6 then places a new conversation only on a replica where it fits:
+// the replica holds nothing yet, or its working set plus the conversation
+// stays within HighWater × capacity and the replica has not reached that
+// mark since it last fell below (HighWater − AdmitHysteresis) × capacity.
+// Where it fits nowhere, Admit returns a Ticket: the request waits, in
+// arrival order (a later one never overtakes an earlier one), until room
+// appears — a turn ends or a conversation goes quiet (AdmitWaiting, called
+// periodically, notices that), a binding is dropped, a replica joins — or
+// until it has waited AdmitWait, when it is placed on the best replica
+// anyway. Beyond AdmitQueue waiting, Admit refuses new conversations with
+// ErrQueueFull. Route never queues: it places a conversation that fits
+// nowhere on the best replica at once. Turns of bound conversations never
+// wait; sub-agents (Request.Parent bound) do not either; spills go only to
+// replicas where the conversation fits, and re-placements prefer them.
+//
+
 // A binding maps a conversation key to a replica. It expires after IdleTTL
 // without a turn (checked when the key is looked up, a few of the oldest on
 // every Route, and all of them by Sweep), and the least recently used binding

@@ -147,16 +147,44 @@ func (r *Router) peak() int64 {
 }
 
 // resident is how long after its last turn ended the conversation still
-// counts in its replica's working set: with its pauses measured, twice the
-// longest (at least AdmitWindow/minResidentShare), else the whole
-// AdmitWindow; never more than AdmitWindow.
+// counts in its replica's working set: twice its longest pause between
+// turns, or, before it paused, twice what conversations pause (the 90th
+// percentile of recent pauses), at least AdmitWindow/minResidentShare and
+// at most AdmitWindow; AdmitWindow before any pause was seen. r.mu held.
 func (r *Router) resident(en *entry) int64 {
 	w := int64(r.cfg.AdmitWindow)
-	if en.flags&flagGap != 0 {
-		g := max(w/minResidentShare, residentGaps*int64(en.gap)*int64(time.Millisecond))
-		w = min(w, g)
+	var g int64
+	switch {
+	case en.flags&flagGap != 0:
+		g = int64(en.gap)
+	case r.gapN > 0:
+		g = r.typicalGap()
+	default:
+		return w
 	}
-	return w
+	return min(w, max(w/minResidentShare, residentGaps*g*int64(time.Millisecond)))
+}
+
+// noteGap records a measured pause (milliseconds) for typicalGap. r.mu
+// held.
+func (r *Router) noteGap(ms uint32) {
+	r.gaps[r.gapN%peakTurns] = ms
+	r.gapN++
+	r.gapQ = -1
+}
+
+// typicalGap is the peakQuantile of the last peakTurns pauses measured, in
+// milliseconds. r.mu held.
+func (r *Router) typicalGap() int64 {
+	if r.gapQ >= 0 {
+		return r.gapQ
+	}
+	n := min(r.gapN, peakTurns)
+	buf := r.gaps
+	v := buf[:n]
+	slices.Sort(v)
+	r.gapQ = int64(v[min(n-1, int(peakQuantile*float64(n)))])
+	return r.gapQ
 }
 
 // workingSet is p's resident working set at now, in tokens: the footprints
@@ -238,9 +266,10 @@ func (r *Router) arrive(e int32, tokens int, now int64) {
 	en := &r.b.ents[e]
 	if en.flags&flagIdle != 0 {
 		en.flags &^= flagIdle
-		g := min((now-en.last)/int64(time.Millisecond), 1<<32-1)
-		if en.flags&flagGap == 0 || uint32(g) > en.gap {
-			en.gap = uint32(max(g, 0))
+		g := uint32(max(min((now-en.last)/int64(time.Millisecond), 1<<32-1), 0))
+		r.noteGap(g)
+		if en.flags&flagGap == 0 || g > en.gap {
+			en.gap = g
 			en.flags |= flagGap
 		}
 	}

@@ -350,6 +350,34 @@ func TestResidentTime(t *testing.T) {
 	}
 }
 
+// TestResidentTypicalPause: before a conversation paused, it counts for
+// twice what conversations pause (the 90th percentile of recent pauses),
+// not the whole window, once pauses have been seen at all.
+func TestResidentTypicalPause(t *testing.T) {
+	r := admitRouter(1, 100000, Config{AdmitWindow: time.Minute})
+	ws := func(at time.Time) int64 {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return r.workingSet(r.reps[0], unixNanos(at))
+	}
+	// a conversation pausing 5 s: pauses seen
+	d, _ := admitTurn(t, r, "a", 1000, t0)
+	finishTurn(r, "a", d, t0.Add(time.Second), 1000, 0, 10)
+	d, _ = admitTurn(t, r, "a", 1100, t0.Add(6*time.Second))
+	finishTurn(r, "a", d, t0.Add(7*time.Second), 1100, 1000, 10)
+	// a one-turn conversation, never paused
+	d, _ = admitTurn(t, r, "b", 3000, t0.Add(7*time.Second))
+	end := t0.Add(8 * time.Second)
+	finishTurn(r, "b", d, end, 3000, 1000, 10)
+	r.Unbind("a")
+	if got := ws(end.Add(9 * time.Second)); got == 0 {
+		t.Fatal("b not counted 9 s after its turn (pauses of 5 s: it counts for 10 s)")
+	}
+	if got := ws(end.Add(11 * time.Second)); got != 0 {
+		t.Fatalf("b counted 11 s after its turn: %d, want 0 (not the whole minute)", got)
+	}
+}
+
 // TestAdmissionOffIsExact: with admission off, decisions are exactly those
 // of a router whose capacity is unknown (the behaviour without admission).
 func TestAdmissionOffIsExact(t *testing.T) {

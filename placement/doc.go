@@ -135,8 +135,10 @@
 //
 // A replica's working set is the context its resident conversations hold:
 // those with a turn in flight there, and those whose last turn ended
-// recently — within twice their longest pause between turns (at least
-// AdmitWindow/30), or within AdmitWindow while no pause has been seen.
+// recently — within twice their longest pause between turns, or, before
+// they paused, twice what conversations pause (the 90th percentile of
+// recent pauses); at least AdmitWindow/30, at most AdmitWindow, and
+// AdmitWindow before any pause was seen.
 // Each counts with its own part (its context as the engine counted it on
 // its last turn, prompt + completion, minus what new conversations find
 // cached on the replica: the system prompt, held once), but at least what

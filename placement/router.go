@@ -315,7 +315,10 @@ type Router struct {
 	waitedNanos                                                    uint64
 	turnFP                                                         [peakTurns]uint32 // footprints of recent turns, a ring
 	turnN                                                          int
-	peakFP                                                         int64 // peak(), -1 when to be computed
+	peakFP                                                         int64             // peak(), -1 when to be computed
+	gaps                                                           [peakTurns]uint32 // recent pauses between turns, ms, a ring
+	gapN                                                           int
+	gapQ                                                           int64 // typicalGap(), -1 when to be computed
 }
 
 // NewRouter returns a Router with cfg (defaults filled) and no replicas.

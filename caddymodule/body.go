@@ -159,6 +159,59 @@ func (h *Handler) peekModel(r *http.Request, rb *replayBody) (model string, body
 	return "", body, false, nil
 }
 
+// peekStartSize is how much of a bound conversation's body peekStart reads
+// for its start.
+const peekStartSize = 64 << 10
+
+// peekStart reads the start of a bound conversation's body (its key came
+// from a header) for restart detection. Clients send the model and the
+// messages first (Claude Code: model, messages, system, tools…), so for a
+// body of known length over peekStartSize it reads only the first peekSize
+// bytes, or peekStartSize when those are not enough, and, when they hold
+// the model and the messages up to
+// the first user message, sends the body on as those bytes followed by the
+// unread rest, as peekModel does. Otherwise it reads the whole body as
+// readBody does and returns it in body (start is then 0: the caller
+// computes it from body).
+func (h *Handler) peekStart(r *http.Request, rb *replayBody) (start uint64, model string, body []byte, tooBig bool, err error) {
+	n := r.ContentLength
+	if n > h.MaxBody {
+		return 0, "", nil, true, nil
+	}
+	if n <= peekStartSize {
+		body, tooBig, err = h.readBody(r, rb)
+		return 0, "", body, tooBig, err
+	}
+	// the first peekSize bytes usually hold it; more only when not
+	head := make([]byte, peekSize)
+	if _, err := io.ReadFull(r.Body, head); err != nil {
+		return 0, "", nil, false, err
+	}
+	for {
+		view := bytesView(head)
+		if fp, ok := startFromPrefix(view, h.FingerprintBytes); ok {
+			model, _ = modelFromPrefix(view)
+			r.Body = &prefixBody{Reader: io.MultiReader(bytes.NewReader(head), r.Body), body: r.Body}
+			return fp, model, nil, false, nil
+		}
+		if len(head) == peekStartSize {
+			break
+		}
+		more := len(head)
+		head = append(head, make([]byte, peekStartSize-more)...)
+		if _, err := io.ReadFull(r.Body, head[more:]); err != nil {
+			return 0, "", nil, false, err
+		}
+	}
+	body = make([]byte, n)
+	copy(body, head)
+	if _, err := io.ReadFull(r.Body, body[peekStartSize:]); err != nil {
+		return 0, "", nil, false, err
+	}
+	h.replay(r, body, rb)
+	return 0, "", body, false, nil
+}
+
 // modelFromPrefix returns the top-level "model" string of a JSON document
 // of which prefix is the start; ok is false when prefix ends before the
 // member does (or before it is reached).

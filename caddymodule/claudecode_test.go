@@ -145,3 +145,39 @@ func TestClaudeCodeReplayThroughCaddy(t *testing.T) {
 		}
 	}
 }
+
+// TestStartFromPrefix: the start read from a body's first bytes is the
+// start of the whole body whenever those bytes hold it, and is refused
+// (the whole body is then read) when they end before the first user
+// message does, wherever the cut falls: in captured Claude Code requests
+// (model and messages come first) and in the emulated workload's shape.
+func TestStartFromPrefix(t *testing.T) {
+	bodies := map[string]string{}
+	for _, r := range loadClaudeCode(t) {
+		bodies[r.File] = r.body
+	}
+	bodies["system first"] = claudeBody("fix the bug in main.go", 3, "aaa")
+	for name, body := range bodies {
+		full := startFingerprint(body, defaultFingerprintBytes)
+		if full == 0 {
+			t.Fatalf("%s: no start", name)
+		}
+		var firstOK int
+		for cut := 1; cut <= len(body); cut += 97 {
+			fp, ok := startFromPrefix(body[:cut], defaultFingerprintBytes)
+			if ok && fp != full {
+				t.Fatalf("%s cut at %d: start %x, whole body's %x", name, cut, fp, full)
+			}
+			if ok && firstOK == 0 {
+				firstOK = cut
+			}
+			if !ok && firstOK > 0 {
+				t.Fatalf("%s: start read at a cut of %d bytes but refused at %d", name, firstOK, cut)
+			}
+		}
+		if firstOK == 0 || firstOK > peekStartSize {
+			t.Errorf("%s (%d bytes): start first readable from %d bytes, want within %d", name, len(body), firstOK, peekStartSize)
+		}
+		t.Logf("%s: %d bytes, start readable from the first %d", name, len(body), firstOK)
+	}
+}

@@ -74,17 +74,16 @@ type Handler struct {
 	FingerprintBytes int `json:"fingerprint_bytes,omitempty"`
 
 	// Turns restart detection off. With it on (the default), a request
-	// whose key came from a header or the body's metadata carries a
-	// fingerprint of its conversation's start (as the fingerprint key
-	// hashes it), computed when the body is read anyway or the key has a
-	// binding (the body is then read in full; requests of unbound keys are
-	// streamed); a bound conversation whose start changed was compacted or
-	// cleared and is placed anew by load (restarted). Claude Code's
-	// requests keep their start over a conversation's turns and over
-	// --continue; it changes after /compact and when the model is
-	// switched (testdata/claudecode). Turn it off for a client whose
-	// system prompt changes from turn to turn, or to stream bound
-	// requests' bodies.
+	// whose key came from a header or the body's metadata and has a
+	// binding carries a fingerprint of its conversation's start (the
+	// model and the messages up to the first user message), read from the
+	// body's first bytes when they hold it (the rest is streamed on), else
+	// from the whole body; a bound conversation whose start changed was
+	// compacted or cleared and is placed anew by load (restarted). Claude
+	// Code's requests keep their start over a conversation's turns and
+	// over --continue; it changes after /compact and when the model is
+	// switched (testdata/claudecode). Turn it off for a client that
+	// rewrites its first message from turn to turn.
 	NoRestartDetection bool `json:"no_restart_detection,omitempty"`
 
 	// Headers that mark a session's last request: when one is present with
@@ -204,15 +203,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		switch {
 		case keyFromBody:
 			body, tooBig, err = h.readBody(r, &st.rb)
+		case wantStart && anyBinding(st.key):
+			// the start is compared only with a binding's: read the body's
+			// start when that holds it (and the model), else all of it
+			st.start, model, body, tooBig, err = h.peekStart(r, &st.rb)
 		case !h.NoModelVar:
 			// only the model variable: read the body's start when that
 			// holds the model, else all of it
 			model, body, tooBig, err = h.peekModel(r, &st.rb)
-		}
-		if body == nil && !tooBig && err == nil && wantStart && anyBinding(st.key) {
-			// the start is compared only with a binding's: the body is
-			// read in full only when there is one
-			body, tooBig, err = h.readBody(r, &st.rb)
 		}
 		if tooBig {
 			return h.fail(w, r, st, caddyhttp.Error(http.StatusRequestEntityTooLarge,

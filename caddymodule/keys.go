@@ -264,16 +264,64 @@ func fingerprint(body string, limit int) string {
 	return fp.sum()
 }
 
-// startFingerprint is the fingerprint as a number, for the router's restart
-// detection (placement.Request.Start): a conversation whose key comes from a
-// header but whose start changed was compacted or cleared. It returns 0
-// (unknown) when the body has no start to hash.
+// startFingerprint is a number for the router's restart detection
+// (placement.Request.Start): a conversation whose key comes from a header
+// but whose start changed was compacted or cleared. The start is the model
+// and the messages up to the first user message (the system prompt stays
+// the same across a conversation, so it tells nothing here, and leaving it
+// out lets the start be read from a body's first bytes: see
+// startFromPrefix). It returns 0 (unknown) when the body has no start.
 func startFingerprint(body string, limit int) uint64 {
-	fp, ok := hashStart(body, limit)
-	if !ok {
-		return 0
+	fp, _ := hashRestartStart(body, limit, false)
+	return fp
+}
+
+// startFromPrefix is startFingerprint of a body of which prefix is the
+// start; ok is false when prefix ends before the start does (the caller
+// then reads the whole body).
+func startFromPrefix(prefix string, limit int) (fp uint64, ok bool) {
+	return hashRestartStart(prefix, limit, true)
+}
+
+// hashRestartStart hashes the model and the messages up to the first user
+// message. With partial, body may be cut anywhere: every member hashed
+// must end inside it, and running out of messages before a user message
+// is not an end.
+func hashRestartStart(body string, limit int, partial bool) (uint64, bool) {
+	complete := func(v gjson.Result) bool {
+		return !partial || (v.Index > 0 && v.Index+len(v.Raw) < len(body))
 	}
-	return max(fp.a, 1)
+	fp := fnv128{budget: limit}
+	fp.init()
+	model := gjson.Get(body, "model")
+	if !model.Exists() || !complete(model) {
+		return 0, false
+	}
+	fp.write(model.Raw)
+	fp.sep()
+	for _, path := range messagePaths {
+		m := gjson.Get(body, path)
+		if !m.Exists() {
+			if partial {
+				return 0, false // cut before the first user message
+			}
+			break
+		}
+		if !complete(m) {
+			return 0, false
+		}
+		role := m.Get("role").Str
+		if role == "system" || role == "developer" || role == "user" {
+			fp.content(m.Get("content"))
+		}
+		if role == "user" || fp.budget <= 0 {
+			break
+		}
+	}
+	if fp.texts == 0 {
+		return 0, !partial
+	}
+	return max(fp.a, 1), true
 }
 
 // hashStart hashes the conversation's start for fingerprint and

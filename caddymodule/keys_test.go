@@ -205,6 +205,19 @@ func FuzzBodyKeys(f *testing.F) {
 			t.Fatal("fingerprint not deterministic")
 		}
 		_ = modelFromBody(body)
+		// the start read from any first bytes of a valid body is the
+		// whole body's start, or refused
+		if gjson.Valid(body) {
+			full := startFingerprint(body, 256)
+			for _, cut := range []int{len(body) / 3, len(body) / 2, len(body) - 1} {
+				if cut <= 0 {
+					continue
+				}
+				if fp, ok := startFromPrefix(body[:cut], 256); ok && fp != full {
+					t.Fatalf("start from %d of %d bytes %x, whole body's %x", cut, len(body), fp, full)
+				}
+			}
+		}
 		// the fast path from the end agrees with a lookup from the start
 		if gjson.Valid(body) && strings.Count(body, `"metadata"`) == 1 {
 			if v, ok := trailingMetadata(body); ok {

@@ -547,8 +547,9 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 		return nil // the admission queue was full: 429 (the handler)
 	}
 
-	var buf [8]string
-	exclude := buf[:0]
+	// nil unless a replica is full or was tried already: the request is
+	// passed on (a stack buffer would escape with it)
+	var exclude []string
 	for i, u := range pool {
 		// The router keeps Caddy's health state itself (an unhealthy
 		// upstream is out, CauseHealth); only a full one is excluded here.

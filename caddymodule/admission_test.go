@@ -23,7 +23,14 @@ import (
 func admissionSite(t *testing.T, model, extra, proxyExtra string) string {
 	t.Helper()
 	_, dials := startEmulator(t, 1, 50)
-	loadSite(t, fmt.Sprintf(`
+	loadSite(t, admissionConfig(dials[0], model, extra, proxyExtra))
+	waitFor(t, "admission in force", func() bool { return getCard(t, model).Admission.Active })
+	return dials[0]
+}
+
+// admissionConfig is admissionSite's site body.
+func admissionConfig(dial, model, extra, proxyExtra string) string {
+	return fmt.Sprintf(`
 	lm_warden
 	reverse_proxy %s {
 		lb_policy lm_warden {
@@ -35,9 +42,7 @@ func admissionSite(t *testing.T, model, extra, proxyExtra string) string {
 		}
 		flush_interval -1
 		%s
-	}`, dials[0], model, extra, proxyExtra))
-	waitFor(t, "admission in force", func() bool { return getCard(t, model).Admission.Active })
-	return dials[0]
+	}`, dial, model, extra, proxyExtra)
 }
 
 // bigTurn is a conversation's first request of about 2,000 estimated
@@ -186,20 +191,7 @@ func TestAdmissionHoldsNewConversations(t *testing.T) {
 // proxy notices (an added request header), keeping the policy's settings.
 func admissionSiteReload(t *testing.T, model string) {
 	t.Helper()
-	card := getCard(t, model)
-	loadSite(t, fmt.Sprintf(`
-	lm_warden
-	reverse_proxy %s {
-		lb_policy lm_warden {
-			model %s
-			poll_interval 100ms
-			kv_tokens 1000
-			admit_window 10m
-			admit_queue 1
-		}
-		flush_interval -1
-		header_up X-Reloaded 1
-	}`, card.Replicas[0].ID, model))
+	loadSite(t, admissionConfig(getCard(t, model).Replicas[0].ID, model, "admit_queue 1", "header_up X-Reloaded 1"))
 }
 
 // TestAdmissionWaitLimit: a conversation held for admit_wait is admitted

@@ -118,11 +118,35 @@ func (r *Router) projected(en *entry) int64 {
 	return max(r.footprint(en), r.peak())
 }
 
-// noteTurn records a finished turn's footprint for peak. r.mu held.
-func (r *Router) noteTurn(fp int64) {
-	r.turnFP[r.turnN%peakTurns] = uint32(min(max(fp, 0), 1<<32-1))
-	r.turnN++
-	r.peakFP = -1
+// recent keeps the last peakTurns figures of a kind (turn footprints,
+// pauses) and their peakQuantile, computed when asked after a change.
+type recent struct {
+	v [peakTurns]uint32
+	n int
+	q int64 // the quantile, -1 when to be computed
+}
+
+func (rc *recent) add(x int64) {
+	rc.v[rc.n%peakTurns] = uint32(min(max(x, 0), 1<<32-1))
+	rc.n++
+	rc.q = -1
+}
+
+// quantile is the peakQuantile of the figures kept; 0 before any.
+func (rc *recent) quantile() int64 {
+	if rc.q >= 0 {
+		return rc.q
+	}
+	n := min(rc.n, peakTurns)
+	if n == 0 {
+		rc.q = 0
+		return 0
+	}
+	buf := rc.v
+	v := buf[:n]
+	slices.Sort(v)
+	rc.q = int64(v[min(n-1, int(peakQuantile*float64(n)))])
+	return rc.q
 }
 
 // peak is the peakQuantile of the footprints of the last peakTurns turns
@@ -130,21 +154,7 @@ func (r *Router) noteTurn(fp int64) {
 // grown (0 before any turn was measured). Turns late in their conversation
 // hold more, so a high quantile approximates the size conversations reach.
 // r.mu held.
-func (r *Router) peak() int64 {
-	if r.peakFP >= 0 {
-		return r.peakFP
-	}
-	n := min(r.turnN, peakTurns)
-	if n == 0 {
-		r.peakFP = 0
-		return 0
-	}
-	buf := r.turnFP
-	v := buf[:n]
-	slices.Sort(v)
-	r.peakFP = int64(v[min(n-1, int(peakQuantile*float64(n)))])
-	return r.peakFP
-}
+func (r *Router) peak() int64 { return r.turnFP.quantile() }
 
 // resident is how long after its last turn ended the conversation still
 // counts in its replica's working set: twice its longest pause between
@@ -157,34 +167,12 @@ func (r *Router) resident(en *entry) int64 {
 	switch {
 	case en.flags&flagGap != 0:
 		g = int64(en.gap)
-	case r.gapN > 0:
-		g = r.typicalGap()
+	case r.gaps.n > 0:
+		g = r.gaps.quantile() // what conversations pause
 	default:
 		return w
 	}
 	return min(w, max(w/minResidentShare, residentGaps*g*int64(time.Millisecond)))
-}
-
-// noteGap records a measured pause (milliseconds) for typicalGap. r.mu
-// held.
-func (r *Router) noteGap(ms uint32) {
-	r.gaps[r.gapN%peakTurns] = ms
-	r.gapN++
-	r.gapQ = -1
-}
-
-// typicalGap is the peakQuantile of the last peakTurns pauses measured, in
-// milliseconds. r.mu held.
-func (r *Router) typicalGap() int64 {
-	if r.gapQ >= 0 {
-		return r.gapQ
-	}
-	n := min(r.gapN, peakTurns)
-	buf := r.gaps
-	v := buf[:n]
-	slices.Sort(v)
-	r.gapQ = int64(v[min(n-1, int(peakQuantile*float64(n)))])
-	return r.gapQ
 }
 
 // workingSet is p's resident working set at now, in tokens: the footprints
@@ -267,7 +255,7 @@ func (r *Router) arrive(e int32, tokens int, now int64) {
 	if en.flags&flagIdle != 0 {
 		en.flags &^= flagIdle
 		g := uint32(max(min((now-en.last)/int64(time.Millisecond), 1<<32-1), 0))
-		r.noteGap(g)
+		r.gaps.add(int64(g))
 		if en.flags&flagGap == 0 || g > en.gap {
 			en.gap = g
 			en.flags |= flagGap
@@ -323,19 +311,8 @@ func (r *Router) released(s *slot, now int64) {
 // refresh marks entry e used at now (when later than its last use) without
 // touching its flags.
 func (r *Router) refresh(e int32, now int64) {
-	en := &r.b.ents[e]
-	if now <= en.last {
-		return
-	}
-	en.last = now
-	if r.b.ghead != e {
-		r.gunlink(e)
-		r.gpushFront(e)
-	}
-	p := r.reps[en.rep]
-	if p.head != e || en.flags&flagActive == 0 {
-		r.runlink(p, e)
-		r.rpushFront(p, e)
+	if now > r.b.ents[e].last {
+		r.toFront(e, now)
 	}
 }
 

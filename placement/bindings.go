@@ -99,9 +99,15 @@ func (r *Router) insert(h uint64, p *replica, now int64, start uint64) int32 {
 
 // touch marks the entry used at now.
 func (r *Router) touch(e int32, now int64) {
+	r.b.ents[e].flags &^= flagReplace
+	r.toFront(e, now)
+}
+
+// toFront sets the entry's last use to now and moves it to the front of
+// the global and its replica's lists (as active).
+func (r *Router) toFront(e int32, now int64) {
 	en := &r.b.ents[e]
 	en.last = now
-	en.flags &^= flagReplace
 	if r.b.ghead != e {
 		r.gunlink(e)
 		r.gpushFront(e)

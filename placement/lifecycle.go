@@ -78,7 +78,7 @@ func (r *Router) Feedback(t Turn) (predicted int, cold bool) {
 			p.base = en.shared // what a new conversation shares here
 		}
 	}
-	r.noteTurn(r.footprint(en))
+	r.turnFP.add(r.footprint(en))
 	return predicted, cold
 }
 

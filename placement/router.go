@@ -313,12 +313,8 @@ type Router struct {
 	lastFirst                                                      int // context of the last first turn measured
 	queued, admittedAfterWait, admittedAtLimit, refused, cancelled uint64
 	waitedNanos                                                    uint64
-	turnFP                                                         [peakTurns]uint32 // footprints of recent turns, a ring
-	turnN                                                          int
-	peakFP                                                         int64             // peak(), -1 when to be computed
-	gaps                                                           [peakTurns]uint32 // recent pauses between turns, ms, a ring
-	gapN                                                           int
-	gapQ                                                           int64 // typicalGap(), -1 when to be computed
+	turnFP                                                         recent // footprints of recent turns (peak)
+	gaps                                                           recent // recent pauses between turns, in milliseconds
 }
 
 // NewRouter returns a Router with cfg (defaults filled) and no replicas.

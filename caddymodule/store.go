@@ -450,14 +450,9 @@ func (s *bindStore) probe() {
 		backoff := 50 * time.Millisecond
 		for !s.up.Load() {
 			if !first {
-				t := time.NewTimer(backoff)
-				select {
-				case <-s.ctx.Done():
-					t.Stop()
+				if !s.sleep(&backoff) {
 					return
-				case <-t.C:
 				}
-				backoff = min(2*backoff, 2*time.Second)
 			}
 			ctx, cancel := context.WithTimeout(s.ctx, time.Second)
 			err := s.rdb.Ping(ctx).Err()
@@ -505,14 +500,9 @@ func (s *bindStore) subscribe() {
 				_ = s.ps.Ping(s.ctx)
 				continue
 			}
-			t := time.NewTimer(backoff)
-			select {
-			case <-s.ctx.Done():
-				t.Stop()
+			if !s.sleep(&backoff) {
 				return
-			case <-t.C:
 			}
-			backoff = min(2*backoff, 2*time.Second)
 			continue
 		}
 		backoff = 50 * time.Millisecond
@@ -729,3 +719,17 @@ type quietRedis struct{}
 func (quietRedis) Printf(context.Context, string, ...any) {}
 
 func init() { redis.SetLogger(quietRedis{}) }
+
+// sleep waits *backoff, doubled afterwards up to 2 s; false when the store
+// is closing.
+func (s *bindStore) sleep(backoff *time.Duration) bool {
+	t := time.NewTimer(*backoff)
+	defer t.Stop()
+	select {
+	case <-s.ctx.Done():
+		return false
+	case <-t.C:
+	}
+	*backoff = min(2**backoff, 2*time.Second)
+	return true
+}

@@ -220,13 +220,14 @@ func (r *httpRun) stage(ctx context.Context, mode string, n int) Stage {
 
 // client is one closed-loop session slot: it runs sessions back to back
 // until ctx ends, the first one from turn start, and returns the ID of the
-// session it was running then.
+// session it was running then, "" when none of that session's requests was
+// answered (it was never bound).
 func (r *httpRun) client(ctx context.Context, start int) (last string) {
 	for ctx.Err() == nil {
 		r.genMu.Lock()
 		sess := r.gen.NextAt(start)
 		r.genMu.Unlock()
-		last = sess.ID
+		last = ""
 		for t := start; t < sess.Turns(); t++ {
 			if t > start && sess.Think[t] > 0 {
 				select {
@@ -236,6 +237,9 @@ func (r *httpRun) client(ctx context.Context, start int) (last string) {
 				}
 			}
 			res, err := r.cfg.Client.Send(ctx, sess, t)
+			if res.Route != "" || res.Replica != "" {
+				last = sess.ID // answered: routed, so bound
+			}
 			rec := TurnRecord{Session: sess.Serial, Turn: t, LastTurn: t == sess.Turns()-1, Replica: res.Replica, Output: res.OutputTokens}
 			if !res.Sent.IsZero() {
 				rec.Start = r.engineAt(res.Sent)

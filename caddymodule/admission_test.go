@@ -13,6 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
 	"github.com/lmwarden/caddy-lmwarden/placement"
 )
 
@@ -334,5 +337,31 @@ func TestAdmissionTexts(t *testing.T) {
 		if tc.got != tc.want {
 			t.Errorf("%s: %q, want %q", tc.name, tc.got, tc.want)
 		}
+	}
+}
+
+// TestOvercommitLoggedOncePerEpisode: the warning that the active
+// conversations outgrow the caches is logged when it starts, not again
+// while it lasts, and its end is logged once.
+func TestOvercommitLoggedOncePerEpisode(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	m := newModelState("overcommit", placement.Config{})
+	m.logger = zap.New(core)
+	over := placement.AdmissionSnapshot{On: true, Active: true, Waiting: 2, WorkingSetTokens: 200000, CapacityTokens: 147200}
+	fits := placement.AdmissionSnapshot{On: true, Active: true, WorkingSetTokens: 100000, CapacityTokens: 147200}
+	for _, a := range []placement.AdmissionSnapshot{fits, over, over, over, fits, fits, over} {
+		m.checkOvercommit(a)
+	}
+	var got []string
+	for _, e := range logs.All() {
+		got = append(got, e.Level.String()+": "+e.Message)
+	}
+	want := []string{
+		"warn: active conversations hold 200k tokens; the replicas cache 147k: expect low cache hits, admission is holding 2 conversations",
+		"info: active conversations fit the replicas' KV caches again",
+		"warn: active conversations hold 200k tokens; the replicas cache 147k: expect low cache hits, admission is holding 2 conversations",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("logged:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }

@@ -473,21 +473,29 @@ func buildCard(m *modelState, now time.Time) Card {
 // Stats is the per-second token series of a model
 // (GET /lm-warden/models/{model}/stats).
 type Stats struct {
-	Model           string                  `json:"model"`
-	Start           time.Time               `json:"start"`
-	StepS           float64                 `json:"step_s"`
-	HourCachedShare float64                 `json:"hour_cached_share"`
-	Sum             Series                  `json:"sum"`
-	Replicas        map[string]Series       `json:"replicas"`
-	Totals          TokenCount              `json:"totals"`
-	ReplicaTotals   map[string]ReplicaTotal `json:"replica_totals"`
+	Model           string    `json:"model"`
+	Start           time.Time `json:"start"`
+	StepS           float64   `json:"step_s"`
+	HourCachedShare float64   `json:"hour_cached_share"`
+	// HourDeliveredShare is the share of the cached tokens predicted for
+	// sticky turns that the engine delivered over the hour; null when
+	// nothing was predicted.
+	HourDeliveredShare *float64                `json:"hour_delivered_share"`
+	Sum                Series                  `json:"sum"`
+	Replicas           map[string]Series       `json:"replicas"`
+	Totals             TokenCount              `json:"totals"`
+	ReplicaTotals      map[string]ReplicaTotal `json:"replica_totals"`
 }
 
-// Series holds tokens per step, oldest first.
+// Series holds tokens per step, oldest first: prompt tokens cached and
+// computed, generated tokens, and the cached tokens predicted for sticky
+// turns and delivered of them.
 type Series struct {
 	Cached    []uint64 `json:"cached"`
 	Computed  []uint64 `json:"computed"`
 	Generated []uint64 `json:"generated"`
+	Predicted []uint64 `json:"predicted"`
+	Delivered []uint64 `json:"delivered"`
 }
 
 // ReplicaTotal is one replica's token counts since the router started.
@@ -498,15 +506,11 @@ type ReplicaTotal struct {
 }
 
 func seriesOf(b vllmstats.Buckets) Series {
-	s := Series{Cached: b.Cached, Computed: b.Computed, Generated: b.Generated}
-	if s.Cached == nil {
-		s.Cached = []uint64{}
-	}
-	if s.Computed == nil {
-		s.Computed = []uint64{}
-	}
-	if s.Generated == nil {
-		s.Generated = []uint64{}
+	s := Series{Cached: b.Cached, Computed: b.Computed, Generated: b.Generated, Predicted: b.Predicted, Delivered: b.Delivered}
+	for _, v := range []*[]uint64{&s.Cached, &s.Computed, &s.Generated, &s.Predicted, &s.Delivered} {
+		if *v == nil {
+			*v = []uint64{}
+		}
 	}
 	return s
 }
@@ -515,7 +519,7 @@ func buildStats(m *modelState, now time.Time) Stats {
 	ser := m.acct.Series(now)
 	st := Stats{
 		Model: m.name, Start: ser.Start.UTC(), StepS: ser.Step.Seconds(),
-		HourCachedShare: ser.HourCachedShare, Sum: seriesOf(ser.Sum),
+		HourCachedShare: ser.HourCachedShare, HourDeliveredShare: ser.HourDeliveredShare, Sum: seriesOf(ser.Sum),
 		Replicas:      make(map[string]Series, len(ser.Replicas)),
 		ReplicaTotals: make(map[string]ReplicaTotal),
 	}

@@ -32,6 +32,9 @@ type TokenTotals struct {
 // Buckets are per-second token counts, oldest first.
 type Buckets struct {
 	Cached, Computed, Generated []uint64
+	// Predicted and Delivered: the cached tokens predicted for the sticky
+	// turns checked, and those delivered (RecordDelivery).
+	Predicted, Delivered []uint64
 }
 
 // Series is the last hour of token counts in one-second steps.
@@ -45,6 +48,9 @@ type Series struct {
 	// HourCachedShare is cached / (cached + computed) over the hour, 0 when
 	// there were no prompt tokens.
 	HourCachedShare float64
+	// HourDeliveredShare is delivered / predicted over the hour, nil when
+	// nothing was predicted.
+	HourDeliveredShare *float64
 }
 
 type bucket struct {
@@ -229,6 +235,8 @@ func newBuckets() Buckets {
 		Cached:    make([]uint64, SeriesLength),
 		Computed:  make([]uint64, SeriesLength),
 		Generated: make([]uint64, SeriesLength),
+		Predicted: make([]uint64, SeriesLength),
+		Delivered: make([]uint64, SeriesLength),
 	}
 }
 
@@ -245,7 +253,7 @@ func (a *Accountant) Series(now time.Time) Series {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	var cached, computed uint64
+	var cached, computed, predicted, delivered uint64
 	for id, r := range a.replicas {
 		bs := newBuckets()
 		for i := range SeriesLength {
@@ -255,16 +263,25 @@ func (a *Accountant) Series(now time.Time) Series {
 				continue
 			}
 			bs.Cached[i], bs.Computed[i], bs.Generated[i] = b.cached, b.computed, b.generated
+			bs.Predicted[i], bs.Delivered[i] = b.predicted, b.delivered
 			s.Sum.Cached[i] += b.cached
 			s.Sum.Computed[i] += b.computed
 			s.Sum.Generated[i] += b.generated
+			s.Sum.Predicted[i] += b.predicted
+			s.Sum.Delivered[i] += b.delivered
 			cached += b.cached
 			computed += b.computed
+			predicted += b.predicted
+			delivered += b.delivered
 		}
 		s.Replicas[id] = bs
 	}
 	if cached+computed > 0 {
 		s.HourCachedShare = float64(cached) / float64(cached+computed)
+	}
+	if predicted > 0 {
+		share := float64(delivered) / float64(predicted)
+		s.HourDeliveredShare = &share
 	}
 	return s
 }

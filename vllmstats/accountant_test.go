@@ -292,3 +292,28 @@ func TestAccountantDelivery(t *testing.T) {
 }
 
 func ptrF(f float64) *float64 { return &f }
+
+// TestSeriesCarriesDelivery: the per-second series has the predicted and
+// delivered cached tokens per second, per replica and summed, and the
+// hour's delivered share (nil when nothing was predicted).
+func TestSeriesCarriesDelivery(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	a := NewAccountant()
+	if s := a.Series(now); s.HourDeliveredShare != nil {
+		t.Fatalf("delivered share %v before any prediction", *s.HourDeliveredShare)
+	}
+	a.RecordDelivery("a", 1000, 900, now.Add(-10*time.Second))
+	a.RecordDelivery("b", 1000, 100, now.Add(-10*time.Second))
+	a.RecordDelivery("a", 500, 500, now.Add(-2*time.Hour)) // outside the hour
+	s := a.Series(now)
+	last := SeriesLength - 1 - 10
+	if got := s.Replicas["a"].Predicted[last]; got != 1000 {
+		t.Errorf("a predicted %d at -10 s, want 1000", got)
+	}
+	if p, d := s.Sum.Predicted[last], s.Sum.Delivered[last]; p != 2000 || d != 1000 {
+		t.Errorf("sum predicted/delivered %d/%d at -10 s, want 2000/1000", p, d)
+	}
+	if s.HourDeliveredShare == nil || *s.HourDeliveredShare != 0.5 {
+		t.Errorf("hour delivered share %v, want 0.5", s.HourDeliveredShare)
+	}
+}

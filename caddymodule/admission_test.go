@@ -365,3 +365,50 @@ func TestOvercommitLoggedOncePerEpisode(t *testing.T) {
 		t.Fatalf("logged:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
+
+// TestAdmissionWithSharedStore: a new conversation held for admission is
+// claimed in the shared store once admitted, so the other front-ends
+// follow it; while it waits, the store holds nothing for it.
+func TestAdmissionWithSharedStore(t *testing.T) {
+	s, _ := benchStore(t)
+	m := newModelState("adm-store", placement.Config{})
+	m.router = s.router
+	m.store.Store(s)
+	s.router.Reconfigure(placement.Config{MaxNumSeqs: 1 << 20, KVTokens: 1000, AdmitWindow: 10 * time.Minute})
+	for _, id := range []string{"r0", "r1", "r2", "r3"} {
+		s.router.UpdateLoad(id, placement.Load{Reachable: true})
+	}
+	now := time.Now()
+	// one resident conversation per replica: a fifth does not fit
+	for i := range 4 {
+		d, tk, err := m.route(placement.Request{Key: fmt.Sprint("a", i), Tokens: 900, Now: now})
+		if err != nil || tk != nil {
+			t.Fatalf("a%d: ticket %v, %v", i, tk, err)
+		}
+		d.ReleaseAt(now)
+	}
+	req := placement.Request{Key: "held", Tokens: 900, Now: now}
+	_, tk, err := m.route(req)
+	if err != nil || tk == nil {
+		t.Fatalf("held: ticket %v, %v; want a ticket", tk, err)
+	}
+	ctx := context.Background()
+	key := s.key(storeHash("held"))
+	if n, _ := s.rdb.Exists(ctx, key).Result(); n != 0 {
+		t.Fatal("the store holds a binding for a conversation still waiting")
+	}
+	m.router.Unbind("a2") // room on one replica
+	<-tk.Ready()
+	d, err := tk.Decision()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, err = m.admitted(req, d); err != nil {
+		t.Fatal(err)
+	}
+	defer d.Release()
+	v, err := s.rdb.Get(ctx, key).Result()
+	if err != nil || !strings.HasSuffix(v, " "+d.Replica) {
+		t.Fatalf("store value %q (%v), want the admitted replica %s", v, err, d.Replica)
+	}
+}

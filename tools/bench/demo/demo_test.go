@@ -76,3 +76,53 @@ func TestDemoEndToEnd(t *testing.T) {
 		t.Errorf("table:\n%s", table.String())
 	}
 }
+
+// TestDemoAdmission runs the admit mode through real Caddy on replicas too
+// small for the sessions: first requests wait in Caddy (reported by
+// X-LM-Warden-Wait), nothing fails, turns of admitted conversations answer
+// fast, and switching between on and admit goes through the admin API.
+func TestDemoAdmission(t *testing.T) {
+	admin, err := freeAddr()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := DefaultConfig()
+	cfg.Admin = admin
+	cfg.Speed = 20
+	cfg.Modes = []string{bench.ModeOn, bench.ModeAdmit}
+	cfg.Stages = []int{12}
+	cfg.StageLength = 60 * time.Second
+	cfg.Warmup = 20 * time.Second
+	cfg.Engine.NumGPUBlocks = 600 // 9,600 tokens per replica: about two sessions
+	w := cfg.Workload
+	w.FirstTokens, w.Turns = 3000, 4
+	cfg.Workload = w
+	var log bytes.Buffer
+	cfg.Log = &log
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rep, err := Run(ctx, cfg)
+	if err != nil {
+		t.Fatalf("demo: %v\n%s", err, log.String())
+	}
+	var table bytes.Buffer
+	_ = rep.WriteTable(&table)
+	t.Logf("\n%s%s", log.String(), table.String())
+	on, _ := rep.Find(bench.ModeOn, 12)
+	ad, ok := rep.Find(bench.ModeAdmit, 12)
+	if !ok || ad.Requests == 0 || ad.Errors != 0 {
+		t.Fatalf("admit stage: %+v", ad)
+	}
+	if ad.WaitFirstP95S <= 0 {
+		t.Errorf("no first request waited at the router with 12 sessions on replicas holding about 8")
+	}
+	if on.WaitFirstP95S != 0 {
+		t.Errorf("a first request waited %.2fs with admission off", on.WaitFirstP95S)
+	}
+	if ad.TTFBLaterP50S > 1 {
+		t.Errorf("later turns' TTFB p50 %.2fs with admission, want under 1s", ad.TTFBLaterP50S)
+	}
+	if ad.PrefixHitPct <= on.PrefixHitPct {
+		t.Errorf("prefix hits with admission %.1f%%, without %.1f%%", ad.PrefixHitPct, on.PrefixHitPct)
+	}
+}

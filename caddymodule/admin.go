@@ -190,7 +190,7 @@ func (a adminAPI) handleModel(w http.ResponseWriter, r *http.Request) error {
 			return apiErr(http.StatusBadRequest, `body must be {"admission":true|false}`)
 		}
 		m.router.SetAdmission(*body.Admission)
-		return writeJSON(w, map[string]any{"model": m.name, "admission": admissionRow(m.router.Snapshot().Admission)})
+		return writeJSON(w, map[string]any{"model": m.name, "admission": admissionRow(m.router.Admission())})
 	case strings.HasPrefix(rest, "sessions/"):
 		if r.Method != http.MethodDelete {
 			return apiErr(http.StatusMethodNotAllowed, "method not allowed")

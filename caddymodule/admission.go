@@ -26,13 +26,14 @@ var admissionWait = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 }, []string{"model", "outcome"})
 
 // await holds a new conversation's first request until the router admits
-// it, its deadline (admit_wait) passes, or its client goes away. Nothing is
-// left behind: the timer is stopped, and a ticket admitted while its
-// client left gives its slot back.
-func (m *modelState) await(ctx context.Context, tk *placement.Ticket) (placement.Decision, error) {
+// it, its deadline (admit_wait) passes, or its client goes away, and
+// returns how long it held it. Nothing is left behind: the timer is
+// stopped, and a ticket admitted while its client left gives its slot back.
+func (m *modelState) await(ctx context.Context, tk *placement.Ticket) (placement.Decision, time.Duration, error) {
 	start := time.Now()
 	timer := time.NewTimer(time.Until(tk.Deadline()))
 	defer timer.Stop()
+	outcome := "admitted"
 	select {
 	case <-tk.Ready():
 	case <-timer.C:
@@ -45,15 +46,18 @@ func (m *modelState) await(ctx context.Context, tk *placement.Ticket) (placement
 				d.Release()
 			}
 		}
-		admissionWait.WithLabelValues(m.name, "cancelled").Observe(time.Since(start).Seconds())
-		return placement.Decision{}, ctx.Err()
+		outcome = "cancelled"
 	}
-	outcome := "admitted"
-	if tk.Forced() {
+	waited := time.Since(start)
+	if outcome == "admitted" && tk.Forced() {
 		outcome = "wait_limit"
 	}
-	admissionWait.WithLabelValues(m.name, outcome).Observe(time.Since(start).Seconds())
-	return tk.Decision()
+	admissionWait.WithLabelValues(m.name, outcome).Observe(waited.Seconds())
+	if outcome == "cancelled" {
+		return placement.Decision{}, waited, ctx.Err()
+	}
+	d, err := tk.Decision()
+	return d, waited, err
 }
 
 // retryAfter is the Retry-After of a refused request: the mean wait of the
@@ -70,7 +74,7 @@ func retryAfter(a placement.AdmissionSnapshot) int {
 // Retry-After and an error in the request's API format, or the error for
 // handle_errors routes (ErrorResponse as for the handler's other errors).
 func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, st *routeState) error {
-	a := st.model.router.Snapshot().Admission
+	a := st.model.router.Admission()
 	secs := retryAfter(a)
 	w.Header().Set("Retry-After", strconv.Itoa(secs))
 	msg := fmt.Sprintf("model %s is at capacity: %d conversations are waiting for room in the replicas' KV caches (admit_queue %d); retry in %d s",

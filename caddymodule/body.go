@@ -121,95 +121,85 @@ func (rb *replayBody) rewind() {
 	rb.mu.Unlock()
 }
 
-// peekSize is how much of a body's start peekModel reads for the model.
+// peekSize is how much of a body's start peek reads first.
 const peekSize = 4 << 10
 
 // peekModel finds the body's "model" field when nothing else in the body is
-// needed (the key came from a header). Clients put the model first, so for
-// a body of known length over peekSize it reads only the first peekSize
-// bytes and, when they hold the whole top-level "model" member, sends the
-// body on as those bytes followed by the unread rest: a megabyte
-// conversation is then streamed to the replica, not copied. Such a body is
-// not kept for retries after an upstream has read it (as with Caddy's own
-// unbuffered bodies; reverse_proxy's request_buffers keeps it). Otherwise it
-// reads the whole body as readBody does and returns it in body.
+// needed (the key came from a header): clients put the model first, so
+// usually the first peekSize bytes hold it (see peek).
 func (h *Handler) peekModel(r *http.Request, rb *replayBody) (model string, body []byte, tooBig bool, err error) {
-	n := r.ContentLength
-	if n > h.MaxBody {
-		return "", nil, true, nil
-	}
-	if n <= peekSize {
-		body, tooBig, err = h.readBody(r, rb)
-		return "", body, tooBig, err
-	}
-	head := make([]byte, peekSize)
-	if _, err := io.ReadFull(r.Body, head); err != nil {
-		return "", nil, false, err
-	}
-	if m, ok := modelFromPrefix(bytesView(head)); ok {
-		r.Body = &prefixBody{Reader: io.MultiReader(bytes.NewReader(head), r.Body), body: r.Body}
-		return m, nil, false, nil
-	}
-	body = make([]byte, n)
-	copy(body, head)
-	if _, err := io.ReadFull(r.Body, body[peekSize:]); err != nil {
-		return "", nil, false, err
-	}
-	h.replay(r, body, rb)
-	return "", body, false, nil
+	body, tooBig, err = h.peek(r, rb, peekSize, func(prefix string) bool {
+		var ok bool
+		model, ok = modelFromPrefix(prefix)
+		return ok
+	})
+	return model, body, tooBig, err
 }
 
-// peekStartSize is how much of a bound conversation's body peekStart reads
+// peekStartSize is the most of a bound conversation's body peekStart reads
 // for its start.
 const peekStartSize = 64 << 10
 
 // peekStart reads the start of a bound conversation's body (its key came
-// from a header) for restart detection. Clients send the model and the
-// messages first (Claude Code: model, messages, system, tools…), so for a
-// body of known length over peekStartSize it reads only the first peekSize
-// bytes, or peekStartSize when those are not enough, and, when they hold
-// the model and the messages up to
-// the first user message, sends the body on as those bytes followed by the
-// unread rest, as peekModel does. Otherwise it reads the whole body as
-// readBody does and returns it in body (start is then 0: the caller
-// computes it from body).
+// from a header) for restart detection, and the model with it. Clients
+// send the model and the messages first (Claude Code: model, messages,
+// system, tools…), so the first peekSize bytes, or peekStartSize, usually
+// hold the messages up to the first user message (see peek); start is 0
+// when the body was read in full (the caller computes it from body).
 func (h *Handler) peekStart(r *http.Request, rb *replayBody) (start uint64, model string, body []byte, tooBig bool, err error) {
+	body, tooBig, err = h.peek(r, rb, peekStartSize, func(prefix string) bool {
+		fp, ok := startFromPrefix(prefix, h.FingerprintBytes)
+		if ok {
+			start = fp
+			model, _ = modelFromPrefix(prefix)
+		}
+		return ok
+	})
+	return start, model, body, tooBig, err
+}
+
+// peek reads the start of a body of known length over peekSize — its first
+// peekSize bytes, then up to limit while found does not accept them — and
+// when found accepts the bytes read sends the body on as those bytes
+// followed by the unread rest: a megabyte conversation is then streamed to
+// the replica, not copied. Such a body is not kept for retries after an
+// upstream has read it (as with Caddy's own unbuffered bodies;
+// reverse_proxy's request_buffers keeps it). Otherwise it reads the whole
+// body as readBody does and returns it in body.
+func (h *Handler) peek(r *http.Request, rb *replayBody, limit int, found func(prefix string) bool) (body []byte, tooBig bool, err error) {
 	n := r.ContentLength
 	if n > h.MaxBody {
-		return 0, "", nil, true, nil
+		return nil, true, nil
 	}
-	if n <= peekStartSize {
-		body, tooBig, err = h.readBody(r, rb)
-		return 0, "", body, tooBig, err
+	if n <= peekSize {
+		return h.readBody(r, rb)
 	}
-	// the first peekSize bytes usually hold it; more only when not
+	limit = int(min(int64(limit), n))
 	head := make([]byte, peekSize)
 	if _, err := io.ReadFull(r.Body, head); err != nil {
-		return 0, "", nil, false, err
+		return nil, false, err
 	}
 	for {
-		view := bytesView(head)
-		if fp, ok := startFromPrefix(view, h.FingerprintBytes); ok {
-			model, _ = modelFromPrefix(view)
+		if found(bytesView(head)) {
 			r.Body = &prefixBody{Reader: io.MultiReader(bytes.NewReader(head), r.Body), body: r.Body}
-			return fp, model, nil, false, nil
+			return nil, false, nil
 		}
-		if len(head) == peekStartSize {
+		if len(head) >= limit {
 			break
 		}
 		more := len(head)
-		head = append(head, make([]byte, peekStartSize-more)...)
+		head = append(head, make([]byte, limit-more)...)
 		if _, err := io.ReadFull(r.Body, head[more:]); err != nil {
-			return 0, "", nil, false, err
+			return nil, false, err
 		}
 	}
 	body = make([]byte, n)
 	copy(body, head)
-	if _, err := io.ReadFull(r.Body, body[peekStartSize:]); err != nil {
-		return 0, "", nil, false, err
+	if _, err := io.ReadFull(r.Body, body[len(head):]); err != nil {
+		return nil, false, err
 	}
 	h.replay(r, body, rb)
-	return 0, "", body, false, nil
+	return body, false, nil
 }
 
 // modelFromPrefix returns the top-level "model" string of a JSON document
@@ -220,8 +210,7 @@ func modelFromPrefix(prefix string) (model string, ok bool) {
 	if !v.Exists() {
 		return "", false
 	}
-	end := v.Index + len(v.Raw)
-	if v.Index <= 0 || end >= len(prefix) {
+	if !endsInside(v, prefix) {
 		return "", false
 	}
 	if v.Type == gjson.String && (len(v.Raw) < 2 || v.Raw[len(v.Raw)-1] != '"') {

@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -67,26 +68,36 @@ type faultRun struct {
 
 // sendTurn sends turn n of conversation c, streaming, and logs it.
 func (fr *faultRun) sendTurn(ctx context.Context, c, n int) turnLog {
-	msgs := []map[string]any{{"role": "user", "content": fmt.Sprintf("Task %d: %s", c, strings.Repeat("read the code and fix the failing test. ", 40))}}
+	l := streamTurn(ctx, fr.url, "qwen3-4b", fmt.Sprintf("%s-conv-%d", fr.model, c), n, nil)
+	l.conv = c
+	fr.mu.Lock()
+	fr.log = append(fr.log, l)
+	fr.mu.Unlock()
+	return l
+}
+
+// streamTurn sends turn n of conversation conv (its session header) in
+// Claude Code's shape, streaming, to base, and records where it went and
+// how it ended.
+func streamTurn(ctx context.Context, base, model, conv string, n int, hdr map[string]string) (l turnLog) {
+	msgs := []map[string]any{{"role": "user", "content": "Task " + conv + ": " + strings.Repeat("read the code and fix the failing test. ", 40)}}
 	for i := 1; i < n; i++ {
 		msgs = append(msgs, map[string]any{"role": "assistant", "content": "done step " + fmt.Sprint(i)},
 			map[string]any{"role": "user", "content": "continue with step " + fmt.Sprint(i+1)})
 	}
 	body, _ := json.Marshal(map[string]any{
-		"model": "qwen3-4b", "max_tokens": 16, "stream": true,
+		"model": model, "max_tokens": 16, "stream": true,
 		"system":   []map[string]any{{"type": "text", "text": strings.Repeat("You are a careful coding agent. ", 60)}},
 		"messages": msgs,
 	})
-	l := turnLog{conv: c, turn: n, start: time.Now()}
-	defer func() {
-		l.end = time.Now()
-		fr.mu.Lock()
-		fr.log = append(fr.log, l)
-		fr.mu.Unlock()
-	}()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, fr.url+"/v1/messages", strings.NewReader(string(body)))
+	l = turnLog{turn: n, start: time.Now()}
+	defer func() { l.end = time.Now() }()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/messages", bytes.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("X-Claude-Code-Session-Id", fmt.Sprintf("%s-conv-%d", fr.model, c))
+	req.Header.Set("X-Claude-Code-Session-Id", conv)
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
 	resp, err := testClient.Do(req)
 	if err != nil {
 		return l

@@ -288,35 +288,16 @@ func startFromPrefix(prefix string, limit int) (fp uint64, ok bool) {
 // must end inside it, and running out of messages before a user message
 // is not an end.
 func hashRestartStart(body string, limit int, partial bool) (uint64, bool) {
-	complete := func(v gjson.Result) bool {
-		return !partial || (v.Index > 0 && v.Index+len(v.Raw) < len(body))
-	}
 	fp := fnv128{budget: limit}
 	fp.init()
 	model := gjson.Get(body, "model")
-	if !model.Exists() || !complete(model) {
+	if !model.Exists() || (partial && !endsInside(model, body)) {
 		return 0, false
 	}
 	fp.write(model.Raw)
 	fp.sep()
-	for _, path := range messagePaths {
-		m := gjson.Get(body, path)
-		if !m.Exists() {
-			if partial {
-				return 0, false // cut before the first user message
-			}
-			break
-		}
-		if !complete(m) {
-			return 0, false
-		}
-		role := m.Get("role").Str
-		if role == "system" || role == "developer" || role == "user" {
-			fp.content(m.Get("content"))
-		}
-		if role == "user" || fp.budget <= 0 {
-			break
-		}
+	if !fp.messages(body, partial) {
+		return 0, false
 	}
 	if fp.texts == 0 {
 		return 0, !partial
@@ -324,8 +305,9 @@ func hashRestartStart(body string, limit int, partial bool) (uint64, bool) {
 	return max(fp.a, 1), true
 }
 
-// hashStart hashes the conversation's start for fingerprint and
-// startFingerprint; ok is false when there was no text to hash.
+// hashStart hashes the conversation's start for fingerprint: the model,
+// the system prompt and the messages up to the first user message; ok is
+// false when there was no text to hash.
 func hashStart(body string, limit int) (fp fnv128, ok bool) {
 	fp = fnv128{budget: limit}
 	fp.init()
@@ -338,22 +320,39 @@ func hashStart(body string, limit int) (fp fnv128, ok bool) {
 	case sys.IsArray():
 		fp.content(sys)
 	}
-	// Messages one by one from the start: taking "messages" whole would
-	// scan a long conversation to its end for the first few of them.
+	fp.messages(body, false)
+	return fp, fp.texts > 0
+}
+
+// messages hashes the system, developer and user messages up to the first
+// user message, one by one from the start: taking "messages" whole would
+// scan a long conversation to its end for the first few of them. With
+// partial (body may be cut anywhere) it reports false when a message does
+// not end inside body or body ends before the first user message.
+func (f *fnv128) messages(body string, partial bool) bool {
 	for _, path := range messagePaths {
 		m := gjson.Get(body, path)
 		if !m.Exists() {
-			break
+			return !partial
+		}
+		if partial && !endsInside(m, body) {
+			return false
 		}
 		role := m.Get("role").Str
 		if role == "system" || role == "developer" || role == "user" {
-			fp.content(m.Get("content"))
+			f.content(m.Get("content"))
 		}
-		if role == "user" || fp.budget <= 0 {
-			break
+		if role == "user" || f.budget <= 0 {
+			return true
 		}
 	}
-	return fp, fp.texts > 0
+	return true
+}
+
+// endsInside reports whether the value v found in body ends before body
+// does (body may be the first bytes of a document).
+func endsInside(v gjson.Result, body string) bool {
+	return v.Index > 0 && v.Index+len(v.Raw) < len(body)
 }
 
 // messagePaths are the paths of the messages the fingerprint may read: the

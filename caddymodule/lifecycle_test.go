@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -156,12 +157,7 @@ func TestLostCacheIsRefilledInPlace(t *testing.T) {
 	emu, ids := lifecycleSite(t, 2, "lc-lost", "1h")
 	first := agentTurn(t, "s2", "Task two:", 1, nil)
 	agentTurn(t, "s2", "Task two:", 2, nil)
-	at := -1
-	for i, id := range ids {
-		if id == first.replica {
-			at = i
-		}
-	}
+	at := slices.Index(ids, first.replica)
 	if at < 0 {
 		t.Fatalf("routed to %q, not an emulator replica", first.replica)
 	}
@@ -207,12 +203,7 @@ func TestReplicaRestartMakesItsBindingsCold(t *testing.T) {
 	emu, ids := lifecycleSite(t, 2, "lc-reset", "200ms")
 	first := agentTurn(t, "s3", "Task three:", 1, nil)
 	agentTurn(t, "s3", "Task three:", 2, nil)
-	at := -1
-	for i, id := range ids {
-		if id == first.replica {
-			at = i
-		}
-	}
+	at := slices.Index(ids, first.replica)
 	// the poller has seen the prefix counters move
 	waitFor(t, "a poll after the turns", func() bool {
 		hit := cardRow(getCard(t, "lc-reset"), first.replica).PrefixHitRateTotal

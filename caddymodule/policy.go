@@ -574,11 +574,9 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 	dec, tk, err := p.m.route(req)
 	var waited time.Duration
 	if tk != nil {
-		start := time.Now()
-		if dec, err = p.m.await(r.Context(), tk); err == nil {
+		if dec, waited, err = p.m.await(r.Context(), tk); err == nil {
 			dec, err = p.m.admitted(req, dec)
 		}
-		waited = time.Since(start)
 	}
 	if err != nil {
 		if errors.Is(err, placement.ErrQueueFull) {

@@ -260,7 +260,7 @@ func (m *modelState) onSnapshot(s *vllmstats.Snapshot) {
 	m.forgetGone(now)
 	// room appears as conversations go quiet, which no request reports
 	m.router.AdmitWaiting(now)
-	m.checkOvercommit(m.router.Snapshot().Admission)
+	m.checkOvercommit(m.router.Admission())
 	var restarted []string
 	m.mu.Lock()
 	// the restarts seen now happened after the previous round

@@ -1,7 +1,6 @@
 package caddymodule
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -166,46 +165,6 @@ func storeBlock(redisAddr, extra string) string {
 	return fmt.Sprintf("store redis {\n\t\t\t\taddress %s\n\t\t\t\tprefix lmwtest:\n\t\t\t\ttimeout 200ms\n\t\t\t\t%s\n\t\t\t}", redisAddr, extra)
 }
 
-// storeTurn sends turn n of conversation conv to base, streaming.
-func storeTurn(ctx context.Context, base, model, conv string, n int, hdr map[string]string) turnLog {
-	msgs := []map[string]any{{"role": "user", "content": "Task " + conv + ": " + strings.Repeat("read the code and fix the failing test. ", 40)}}
-	for i := 1; i < n; i++ {
-		msgs = append(msgs, map[string]any{"role": "assistant", "content": "done step " + fmt.Sprint(i)},
-			map[string]any{"role": "user", "content": "continue with step " + fmt.Sprint(i+1)})
-	}
-	body, _ := json.Marshal(map[string]any{
-		"model": model, "max_tokens": 16, "stream": true,
-		"system":   []map[string]any{{"type": "text", "text": strings.Repeat("You are a careful coding agent. ", 60)}},
-		"messages": msgs,
-	})
-	l := turnLog{turn: n, start: time.Now()}
-	defer func() { l.end = time.Now() }()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/messages", bytes.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("X-Claude-Code-Session-Id", conv)
-	for k, v := range hdr {
-		req.Header.Set(k, v)
-	}
-	resp, err := testClient.Do(req)
-	if err != nil {
-		return l
-	}
-	defer resp.Body.Close()
-	l.status = resp.StatusCode
-	l.replica, l.reason, _ = strings.Cut(resp.Header.Get(RouteHeader), "; ")
-	if resp.StatusCode != http.StatusOK {
-		return l
-	}
-	l.streamed = true
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		if strings.Contains(sc.Text(), "message_stop") {
-			l.complete = true
-		}
-	}
-	return l
-}
-
 // alternation drives conversations whose turns alternate between the
 // front-ends and records where each turn went.
 type alternation struct {
@@ -251,7 +210,7 @@ func (a *alternation) run(prefix string, convs, turns, workers int, stop <-chan 
 						return
 					default:
 					}
-					l := storeTurn(context.Background(), a.urls[(i+n)%len(a.urls)], a.model, conv, n, nil)
+					l := streamTurn(context.Background(), a.urls[(i+n)%len(a.urls)], a.model, conv, n, nil)
 					l.conv = i
 					a.mu.Lock()
 					a.turns[conv] = append(a.turns[conv], l)
@@ -374,11 +333,11 @@ func TestSharedStoreTwoInstances(t *testing.T) {
 
 	t.Run("a spill on one front-end is followed by the other", func(t *testing.T) {
 		conv := "spill-conv"
-		first := storeTurn(context.Background(), siteURL, model, conv, 1, nil)
+		first := streamTurn(context.Background(), siteURL, model, conv, 1, nil)
 		if !first.complete {
 			t.Fatalf("first turn: %+v", first)
 		}
-		second := storeTurn(context.Background(), child.url, model, conv, 2, nil)
+		second := streamTurn(context.Background(), child.url, model, conv, 2, nil)
 		if second.replica != first.replica || second.reason != "sticky" {
 			t.Fatalf("second turn on the other front-end went to %s (%s), want %s sticky", second.replica, second.reason, first.replica)
 		}
@@ -399,7 +358,7 @@ func TestSharedStoreTwoInstances(t *testing.T) {
 			held.Add(1)
 			go func() {
 				defer held.Done()
-				storeTurn(context.Background(), siteURL, model, fmt.Sprintf("holder-%d", k), 1, map[string]string{"X-Pin": first.replica})
+				streamTurn(context.Background(), siteURL, model, fmt.Sprintf("holder-%d", k), 1, map[string]string{"X-Pin": first.replica})
 			}()
 		}
 		deadline := time.Now().Add(10 * time.Second)
@@ -409,7 +368,7 @@ func TestSharedStoreTwoInstances(t *testing.T) {
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
-		third := storeTurn(context.Background(), siteURL, model, conv, 3, nil)
+		third := streamTurn(context.Background(), siteURL, model, conv, 3, nil)
 		if err := emu.SetSlow(idx, 1); err != nil {
 			t.Fatal(err)
 		}
@@ -417,7 +376,7 @@ func TestSharedStoreTwoInstances(t *testing.T) {
 		if third.reason != "spilled" || third.replica == first.replica {
 			t.Fatalf("third turn went to %s (%s), want a spill away from %s", third.replica, third.reason, first.replica)
 		}
-		fourth := storeTurn(context.Background(), child.url, model, conv, 4, nil)
+		fourth := streamTurn(context.Background(), child.url, model, conv, 4, nil)
 		if fourth.replica != third.replica || fourth.reason != "sticky" {
 			t.Fatalf("after the spill the other front-end sent the turn to %s (%s), want %s sticky", fourth.replica, fourth.reason, third.replica)
 		}
@@ -425,8 +384,8 @@ func TestSharedStoreTwoInstances(t *testing.T) {
 
 	t.Run("an unpin on one front-end unbinds the conversation on both", func(t *testing.T) {
 		conv := "unpin-conv"
-		first := storeTurn(context.Background(), child.url, model, conv, 1, nil)
-		if l := storeTurn(context.Background(), siteURL, model, conv, 2, nil); l.replica != first.replica {
+		first := streamTurn(context.Background(), child.url, model, conv, 1, nil)
+		if l := streamTurn(context.Background(), siteURL, model, conv, 2, nil); l.replica != first.replica {
 			t.Fatalf("turn 2 on %s, want %s", l.replica, first.replica)
 		}
 		req, _ := http.NewRequest(http.MethodDelete, fmt.Sprintf("http://127.0.0.1:%d/lm-warden/models/%s/sessions/%s", child.admin, model, conv), nil)
@@ -450,7 +409,7 @@ func TestSharedStoreTwoInstances(t *testing.T) {
 			time.Sleep(10 * time.Millisecond)
 		}
 		time.Sleep(100 * time.Millisecond) // the move message's way to this front-end
-		if l := storeTurn(context.Background(), siteURL, model, conv, 3, nil); l.reason != "placed" {
+		if l := streamTurn(context.Background(), siteURL, model, conv, 3, nil); l.reason != "placed" {
 			t.Fatalf("after the unpin this front-end routed the turn %s (%s), want placed anew", l.replica, l.reason)
 		}
 	})

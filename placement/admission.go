@@ -239,14 +239,6 @@ func (r *Router) estimate(tokens int) int64 {
 	return int64(r.lastFirst)
 }
 
-// bestFit returns the usable replica with the best placement score on
-// which a conversation of est tokens fits; skip is left out. r.mu held.
-func (r *Router) bestFit(now int64, est int64, skip *replica) *replica {
-	return r.lenientPick(func() *replica {
-		return r.bestWith(now, func(p *replica) bool { return p != skip && r.fits(p, est, now) })
-	})
-}
-
 // arrive notes a turn of the bound conversation e arriving at now: the
 // pause since its previous turn ended, and a larger estimate of its
 // context while the engine has not measured it. r.mu held.
@@ -296,7 +288,7 @@ func (r *Router) released(s *slot, now int64) {
 		en := &r.b.ents[s.ent]
 		if en.hash == s.hash && en.busy > 0 {
 			en.busy--
-			if en.busy == 0 && r.b.idx[en.hash] == s.ent {
+			if en.busy == 0 {
 				en.flags |= flagIdle
 				r.refresh(s.ent, now)
 			}
@@ -321,16 +313,16 @@ func (r *Router) refresh(e int32, now int64) {
 // Decision; or Cancel it when the client goes away, and Force it when it
 // has waited long enough.
 type Ticket struct {
-	r         *Router
-	h, parent uint64
-	start     uint64
-	est       int64
-	enq, at   int64 // when it was queued and admitted (Router clock)
-	ready     chan struct{}
-	dec       Decision
-	err       error
-	state     uint8 // ticketWaiting, ticketAdmitted, ticketCancelled
-	forced    bool
+	r       *Router
+	h       uint64
+	start   uint64
+	est     int64
+	enq, at int64 // when it was queued and admitted (Router clock)
+	ready   chan struct{}
+	dec     Decision
+	err     error
+	state   uint8 // ticketWaiting, ticketAdmitted, ticketCancelled
+	forced  bool
 }
 
 const (
@@ -483,10 +475,8 @@ func (r *Router) admitQueued(now int64) int {
 			n++
 			continue
 		}
-		p := r.bestFit(now, t.est, nil)
-		if p == nil || !r.fits(p, t.est, now) {
-			// lenientPick may have returned a replica out for failures
-			// only to fill the gap; waiting is better than that
+		p, fitted := r.bestFor(now, t.est)
+		if !fitted {
 			break
 		}
 		r.admitTicket(t, p, now, false)
@@ -517,22 +507,16 @@ func (r *Router) Waiting() int {
 	return len(r.queue)
 }
 
-// queueNew queues a new conversation's first request (r.mu held): it
-// returns the ticket, or a decision when room was there after all (the
-// queue was empty of earlier arrivals that fit), or ErrQueueFull.
-func (r *Router) queueNew(req Request, h, parent uint64, est, now int64) (Decision, *Ticket, error) {
+// queueNew queues a new conversation's first request, or refuses it with
+// ErrQueueFull when AdmitQueue are waiting already. r.mu held.
+func (r *Router) queueNew(req Request, h uint64, est, now int64) (Decision, *Ticket, error) {
 	if len(r.queue) >= r.cfg.AdmitQueue {
 		r.refused++
 		return Decision{}, nil, ErrQueueFull
 	}
-	t := &Ticket{r: r, h: h, parent: parent, start: req.Start, est: est, enq: now, ready: make(chan struct{})}
+	t := &Ticket{r: r, h: h, start: req.Start, est: est, enq: now, ready: make(chan struct{})}
 	r.queue = append(r.queue, t)
 	r.queued++
-	r.admitQueued(now)
-	if t.state == ticketAdmitted {
-		r.admittedAfterWait-- // it did not wait
-		return t.dec, nil, t.err
-	}
 	return Decision{}, t, nil
 }
 
@@ -565,7 +549,23 @@ func (a AdmissionSnapshot) Overcommitted() bool {
 	return a.CapacityTokens > 0 && a.WorkingSetTokens+a.WaitingTokens > a.CapacityTokens
 }
 
-// admissionSnapshot fills the model's admission state; r.mu held.
+// Admission returns the state of working-set admission, with the
+// replicas' working sets and capacities summed, without the rest of
+// Snapshot.
+func (r *Router) Admission() AdmissionSnapshot {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	a := r.admissionSnapshot()
+	for _, i := range r.order {
+		p := r.reps[i]
+		a.WorkingSetTokens += r.workingSet(p, r.clock)
+		a.CapacityTokens += r.capacity(p)
+	}
+	return a
+}
+
+// admissionSnapshot fills the model's admission state but the replicas'
+// sums; r.mu held.
 func (r *Router) admissionSnapshot() AdmissionSnapshot {
 	active, why := r.admissionReason()
 	a := AdmissionSnapshot{

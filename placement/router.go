@@ -672,23 +672,23 @@ func (r *Router) placeNew(req Request, h, parent uint64, now int64, queue bool) 
 			}
 		}
 	}
-	if p == nil && r.admit {
-		if queue && !sub && len(r.queue) > 0 {
-			// earlier arrivals wait: this one queues behind them
-			return r.queueNew(req, h, parent, est, now)
-		}
-		if p = r.bestFit(now, est, nil); p != nil && !r.fits(p, est, now) {
-			p = nil // only out-of-placement replicas are left: judged below
-		}
-		if p == nil && queue && !sub && r.anyUsable() {
-			return r.queueNew(req, h, parent, est, now)
+	queue = queue && r.admit && !sub
+	if queue && len(r.queue) > 0 {
+		// earlier arrivals go first: this one waits behind them unless
+		// room lets them all in now
+		r.admitQueued(now)
+		if len(r.queue) > 0 {
+			return r.queueNew(req, h, est, now)
 		}
 	}
 	if p == nil {
-		p = r.lenientPick(func() *replica { return r.best(now, nil, false) })
-	}
-	if p == nil {
-		return Decision{}, nil, ErrNoReplica
+		var fitted bool
+		if p, fitted = r.bestFor(now, est); p == nil {
+			return Decision{}, nil, ErrNoReplica
+		}
+		if queue && !fitted {
+			return r.queueNew(req, h, est, now)
+		}
 	}
 	e := r.insert(h, p, now, req.Start)
 	if r.admit {
@@ -698,27 +698,29 @@ func (r *Router) placeNew(req Request, h, parent uint64, now int64, queue bool) 
 	return r.take(p, ReasonPlaced, e), nil, nil
 }
 
-// anyUsable reports whether some replica can be chosen, counting those out
-// only for poll failures or proxy errors (lenientPick). r.mu held.
-func (r *Router) anyUsable() bool {
-	return r.lenientPick(func() *replica {
-		for _, i := range r.order {
-			if p := r.reps[i]; r.usable(p) {
-				return p
-			}
+// bestFor returns the best replica for a conversation of est tokens: under
+// admission the best one it fits on (fitted), else, or when it fits
+// nowhere, the best by score; nil when no replica can be chosen (see
+// lenientPick). r.mu held.
+func (r *Router) bestFor(now, est int64) (p *replica, fitted bool) {
+	if r.admit {
+		if p = r.lenientPick(func() *replica {
+			return r.bestWith(now, func(q *replica) bool { return r.fits(q, est, now) })
+		}); p != nil {
+			return p, true
 		}
-		return nil
-	}) != nil
+	}
+	return r.lenientPick(func() *replica { return r.best(now, nil, false) }), false
 }
 
 // spillTarget returns the best replica other than from that ok accepts and,
 // under admission, on which the conversation of entry e fits. r.mu held.
 func (r *Router) spillTarget(e int32, from *replica, now int64, ok func(*replica) bool) *replica {
-	if !r.admit {
-		return r.bestWith(now, func(q *replica) bool { return q != from && ok(q) })
+	var fp int64
+	if r.admit {
+		fp = r.projected(&r.b.ents[e])
 	}
-	fp := r.projected(&r.b.ents[e])
-	return r.bestWith(now, func(q *replica) bool { return q != from && ok(q) && r.fits(q, fp, now) })
+	return r.bestWith(now, func(q *replica) bool { return q != from && ok(q) && (!r.admit || r.fits(q, fp, now)) })
 }
 
 // spill moves the conversation of entry e from its replica to p.
@@ -736,15 +738,13 @@ func (r *Router) spill(e int32, from, p *replica, now int64) Decision {
 // started over). The binding's replace and cold marks are cleared. A
 // restarted conversation is new, so it does not count as keyed.
 func (r *Router) replace(e int32, from *replica, now int64, reason Reason) (Decision, error) {
-	var p *replica
+	// where it fits first: it never waits, but it should not push a
+	// replica over its mark when another has room
+	var est int64
 	if r.admit {
-		// where it fits first: it never waits, but it should not push a
-		// replica over its mark when another has room
-		p = r.bestFit(now, r.projected(&r.b.ents[e]), nil)
+		est = r.projected(&r.b.ents[e])
 	}
-	if p == nil {
-		p = r.lenientPick(func() *replica { return r.best(now, nil, false) })
-	}
+	p, _ := r.bestFor(now, est)
 	if p == nil {
 		return Decision{}, ErrNoReplica
 	}
@@ -1050,8 +1050,9 @@ func (r *Router) Snapshot() Snapshot {
 			Bindings: p.bindings, Active: p.active, Load: p.load,
 			WorkingSet: r.workingSet(p, r.clock), Capacity: r.capacity(p), Full: p.full,
 		})
-		s.Admission.WorkingSetTokens += s.Replicas[len(s.Replicas)-1].WorkingSet
-		s.Admission.CapacityTokens += r.capacity(p)
+		row := &s.Replicas[len(s.Replicas)-1]
+		s.Admission.WorkingSetTokens += row.WorkingSet
+		s.Admission.CapacityTokens += row.Capacity
 	}
 	slices.SortFunc(s.Replicas, func(a, b ReplicaSnapshot) int {
 		switch {

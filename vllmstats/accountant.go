@@ -91,12 +91,7 @@ func (a *Accountant) Record(replica string, u Usage, now time.Time) {
 
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	r := a.replicas[replica]
-	if r == nil {
-		r = &replicaAccount{}
-		a.replicas[replica] = r
-	}
-	r.last = max(r.last, sec)
+	r, b := a.at(replica, sec)
 	t := &r.totals
 	t.Requests++
 	t.Cached += cached
@@ -108,12 +103,8 @@ func (a *Accountant) Record(replica string, u Usage, now time.Time) {
 	if !u.Measured {
 		t.NoUsage++
 	}
-	b := &r.ring[ringIndex(sec)]
-	if b.sec != sec {
-		if b.sec > sec {
-			return // older than the hour the ring holds
-		}
-		*b = bucket{sec: sec}
+	if b == nil {
+		return
 	}
 	b.cached += cached
 	b.computed += computed
@@ -132,23 +123,34 @@ func (a *Accountant) RecordDelivery(replica string, predicted, delivered int, no
 	sec := now.Unix()
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	r, b := a.at(replica, sec)
+	r.totals.Predicted += p
+	r.totals.Delivered += d
+	if b == nil {
+		return
+	}
+	b.predicted += p
+	b.delivered += d
+}
+
+// at returns replica's account, created when missing and marked used at
+// sec, and its bucket for sec, emptied when it held an older second; the
+// bucket is nil when sec is older than the hour the ring holds. a.mu held.
+func (a *Accountant) at(replica string, sec int64) (*replicaAccount, *bucket) {
 	r := a.replicas[replica]
 	if r == nil {
 		r = &replicaAccount{}
 		a.replicas[replica] = r
 	}
 	r.last = max(r.last, sec)
-	r.totals.Predicted += p
-	r.totals.Delivered += d
 	b := &r.ring[ringIndex(sec)]
 	if b.sec != sec {
 		if b.sec > sec {
-			return // older than the hour the ring holds
+			return r, nil
 		}
 		*b = bucket{sec: sec}
 	}
-	b.predicted += p
-	b.delivered += d
+	return r, b
 }
 
 func ringIndex(sec int64) int {

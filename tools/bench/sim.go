@@ -389,14 +389,12 @@ func (s *simulator) finishStep(i int) {
 		case emulator.EventFinished:
 			t.rec.End = s.now
 			t.rec.Output = len(t.req.Output)
+			s.done(t)
 			if s.mode == ModeLifecycle || s.mode == ModeAdmit {
 				// What the Caddy module does with the usage of every
 				// finished turn, after it released the turn's slot.
-				s.done(t)
 				s.router.Feedback(placement.Turn{Key: t.slot.sess.ID, Replica: e.id, Reason: t.reason,
 					Prompt: len(t.req.Prompt), Cached: t.req.CachedTokens, Completion: len(t.req.Output)})
-			} else {
-				s.done(t)
 			}
 			sl := t.slot
 			sl.cur = nil
@@ -458,19 +456,11 @@ func (s *simulator) send(sl *simSlot) {
 	histLen := len(sl.hist)
 	sl.hist = emulator.AppendTokens(sl.hist, emulator.RenderMessage("user", sess.Messages[turn]))
 	prompt := append(append(make([]uint32, 0, len(sl.hist)+len(s.genTok)), sl.hist...), s.genTok...)
-	if s.mode == ModeAdmit {
-		d, tk, err := s.router.Admit(placement.Request{Key: sess.ID, Tokens: len(prompt), Now: simEpoch.Add(s.now)})
-		switch {
-		case err != nil:
-			panic(fmt.Sprintf("sim: router refused a turn: %v", err)) // the queue limit is above any stage's sessions
-		case tk != nil:
-			sl.waiting = &simWait{ticket: tk, sent: s.now, histLen: histLen, prompt: prompt}
-			return
-		}
-		s.dispatch(sl, prompt, histLen, s.now, s.byID[d.Replica], d.Reason, d.ReleaseAt)
+	rep, reason, release, tk := s.route(sess.ID, sl.start, len(prompt))
+	if tk != nil {
+		sl.waiting = &simWait{ticket: tk, sent: s.now, histLen: histLen, prompt: prompt}
 		return
 	}
-	rep, reason, release := s.route(sess.ID, sl.start, len(prompt))
 	s.dispatch(sl, prompt, histLen, s.now, rep, reason, release)
 }
 
@@ -526,11 +516,12 @@ func (s *simulator) dispatch(sl *simSlot, prompt []uint32, histLen int, sent tim
 
 func noRelease(time.Time) {}
 
-// route picks the replica for one turn under the current mode.
-func (s *simulator) route(key string, start uint64, tokens int) (int, placement.Reason, func(time.Time)) {
+// route picks the replica for one turn under the current mode, or, in the
+// admit mode, returns the ticket of a new conversation that waits for room.
+func (s *simulator) route(key string, start uint64, tokens int) (int, placement.Reason, func(time.Time), *placement.Ticket) {
 	switch s.mode {
 	case ModeVLLMDP:
-		return s.dp.PickBy(s.rng.IntN(s.dp.Clients())), 0, noRelease
+		return s.dp.PickBy(s.rng.IntN(s.dp.Clients())), 0, noRelease, nil
 	case ModeLeastConn:
 		best, n := -1, 0
 		for i, e := range s.engines {
@@ -544,10 +535,10 @@ func (s *simulator) route(key string, start uint64, tokens int) (int, placement.
 				}
 			}
 		}
-		return best, 0, noRelease
+		return best, 0, noRelease, nil
 	case ModeRoundRobin:
 		s.robin++
-		return int(s.robin % uint32(len(s.engines))), 0, noRelease
+		return int(s.robin % uint32(len(s.engines))), 0, noRelease, nil
 	case ModeHeader:
 		best, hi := 0, uint64(0)
 		for i, e := range s.engines {
@@ -555,16 +546,22 @@ func (s *simulator) route(key string, start uint64, tokens int) (int, placement.
 				best, hi = i, h
 			}
 		}
-		return best, 0, noRelease
+		return best, 0, noRelease, nil
 	}
 	if s.mode != ModeLifecycle {
 		start = 0 // LM Warden without the lifecycle checks
 	}
-	d, err := s.router.Route(placement.Request{Key: key, Start: start, Tokens: tokens, Now: simEpoch.Add(s.now)})
-	if err != nil {
-		panic(fmt.Sprintf("sim: router has no replica: %v", err)) // every replica is always available here
+	// Admit routes as Route does unless admission is on (the admit mode)
+	d, tk, err := s.router.Admit(placement.Request{Key: key, Start: start, Tokens: tokens, Now: simEpoch.Add(s.now)})
+	switch {
+	case err != nil:
+		// every replica is always available here, and the queue limit
+		// is above any stage's sessions
+		panic(fmt.Sprintf("sim: the router refused a turn: %v", err))
+	case tk != nil:
+		return 0, 0, nil, tk
 	}
-	return s.byID[d.Replica], d.Reason, d.ReleaseAt
+	return s.byID[d.Replica], d.Reason, d.ReleaseAt, nil
 }
 
 // restart resets replica i's engine, as a vLLM restart: its queues, prefix

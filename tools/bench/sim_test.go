@@ -22,13 +22,7 @@ func TestSimDirection(t *testing.T) {
 	// state carries over from mode to mode, and the balancer's scatter is
 	// calibrated on this sequence
 	cfg.Modes = []string{ModeVLLMDP, ModeOff, ModeOn, ModeLifecycle, ModeLeastConn, ModeRoundRobin, ModeHeader}
-	rep, err := Sim(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var b bytes.Buffer
-	rep.WriteTable(&b)
-	t.Logf("\n%s", b.String())
+	rep := simLogged(t, cfg)
 	for _, n := range cfg.Stages {
 		off, _ := rep.Find(ModeVLLMDP, n)
 		on, _ := rep.Find(ModeOn, n)
@@ -70,13 +64,7 @@ func TestSimDirection(t *testing.T) {
 func TestSimSevenGPUStory(t *testing.T) {
 	cfg := SevenGPUSimConfig()
 	cfg.StageLength, cfg.Warmup = 4*time.Minute, time.Minute
-	rep, err := Sim(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var b bytes.Buffer
-	rep.WriteTable(&b)
-	t.Logf("\n%s", b.String())
+	rep := simLogged(t, cfg)
 	h26, _ := rep.Find(ModeHeader, 26)
 	on26, _ := rep.Find(ModeOn, 26)
 	if h26.ReplicasBusy >= on26.ReplicasBusy || h26.ReplicasBusy > 6 {
@@ -243,13 +231,7 @@ func TestSimCalibration(t *testing.T) {
 		t.Skip("full sweep")
 	}
 	cfg := DefaultSimConfig()
-	rep, err := Sim(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var b bytes.Buffer
-	rep.WriteTable(&b)
-	t.Logf("\n%s", b.String())
+	rep := simLogged(t, cfg)
 	get := func(mode string, n int, col string) float64 {
 		st, ok := rep.Find(mode, n)
 		if !ok {
@@ -408,13 +390,7 @@ func TestSimAdmission(t *testing.T) {
 	cfg := DefaultSimConfig()
 	cfg.Stages = []int{8, 24}
 	cfg.Modes = []string{ModeOn, ModeAdmit}
-	rep, err := Sim(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var b bytes.Buffer
-	rep.WriteTable(&b)
-	t.Logf("\n%s", b.String())
+	rep := simLogged(t, cfg)
 	on8, _ := rep.Find(ModeOn, 8)
 	ad8, _ := rep.Find(ModeAdmit, 8)
 	if ad8.WaitFirstP95S != 0 {
@@ -440,4 +416,17 @@ func TestSimAdmission(t *testing.T) {
 	if ad.WaitFirstP50S <= 0 {
 		t.Errorf("24 sessions: no first turn waited at the router; admission did not hold anything")
 	}
+}
+
+// simLogged runs the sim and logs its tables.
+func simLogged(t *testing.T, cfg SimConfig) *Report {
+	t.Helper()
+	rep, err := Sim(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b bytes.Buffer
+	rep.WriteTable(&b)
+	t.Logf("\n%s", b.String())
+	return rep
 }

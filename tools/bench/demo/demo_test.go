@@ -13,27 +13,12 @@ import (
 // TestDemoEndToEnd runs a short demo through real Caddy with LM Warden in
 // front of the emulator and checks the table and the JSON.
 func TestDemoEndToEnd(t *testing.T) {
-	admin, err := freeAddr()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := DefaultConfig()
-	cfg.Admin = admin
-	cfg.Speed = 20
-	cfg.Stages = []int{2, 4}
-	cfg.StageLength = 40 * time.Second
-	cfg.Warmup = 20 * time.Second
-	w := cfg.Workload
-	w.FirstTokens, w.Turns = 3000, 4
-	cfg.Workload = w
-	var log bytes.Buffer
-	cfg.Log = &log
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	rep, err := Run(ctx, cfg)
-	if err != nil {
-		t.Fatalf("demo: %v\n%s", err, log.String())
-	}
+	var cfg Config
+	rep, log := shortDemo(t, func(c *Config) {
+		c.Stages = []int{2, 4}
+		c.StageLength = 40 * time.Second
+		cfg = *c
+	})
 	var table, js bytes.Buffer
 	if err := rep.WriteTable(&table); err != nil {
 		t.Fatal(err)
@@ -41,8 +26,8 @@ func TestDemoEndToEnd(t *testing.T) {
 	if err := rep.WriteJSON(&js); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("\n%s%s", log.String(), table.String())
-	if !strings.Contains(log.String(), "/lm-warden/") {
+	t.Logf("\n%s%s", log, table.String())
+	if !strings.Contains(log, "/lm-warden/") {
 		t.Error("the demo does not say where the routing card is")
 	}
 	back, err := bench.ReadReport(&js)
@@ -82,32 +67,15 @@ func TestDemoEndToEnd(t *testing.T) {
 // X-LM-Warden-Wait), nothing fails, turns of admitted conversations answer
 // fast, and switching between on and admit goes through the admin API.
 func TestDemoAdmission(t *testing.T) {
-	admin, err := freeAddr()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := DefaultConfig()
-	cfg.Admin = admin
-	cfg.Speed = 20
-	cfg.Modes = []string{bench.ModeOn, bench.ModeAdmit}
-	cfg.Stages = []int{12}
-	cfg.StageLength = 60 * time.Second
-	cfg.Warmup = 20 * time.Second
-	cfg.Engine.NumGPUBlocks = 600 // 9,600 tokens per replica: about two sessions
-	w := cfg.Workload
-	w.FirstTokens, w.Turns = 3000, 4
-	cfg.Workload = w
-	var log bytes.Buffer
-	cfg.Log = &log
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	rep, err := Run(ctx, cfg)
-	if err != nil {
-		t.Fatalf("demo: %v\n%s", err, log.String())
-	}
+	rep, log := shortDemo(t, func(c *Config) {
+		c.Modes = []string{bench.ModeOn, bench.ModeAdmit}
+		c.Stages = []int{12}
+		c.StageLength = 60 * time.Second
+		c.Engine.NumGPUBlocks = 600 // 9,600 tokens per replica: about two sessions
+	})
 	var table bytes.Buffer
 	_ = rep.WriteTable(&table)
-	t.Logf("\n%s%s", log.String(), table.String())
+	t.Logf("\n%s%s", log, table.String())
 	on, _ := rep.Find(bench.ModeOn, 12)
 	ad, ok := rep.Find(bench.ModeAdmit, 12)
 	if !ok || ad.Requests == 0 || ad.Errors != 0 {
@@ -125,4 +93,30 @@ func TestDemoAdmission(t *testing.T) {
 	if ad.PrefixHitPct <= on.PrefixHitPct {
 		t.Errorf("prefix hits with admission %.1f%%, without %.1f%%", ad.PrefixHitPct, on.PrefixHitPct)
 	}
+}
+
+// shortDemo runs a demo through real Caddy at 20× with short sessions
+// (3,000-token first messages, 4 turns) and 20-second warm-ups, as set
+// changes it, and returns its report and log.
+func shortDemo(t *testing.T, set func(*Config)) (*bench.Report, string) {
+	t.Helper()
+	admin, err := freeAddr()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := DefaultConfig()
+	cfg.Admin = admin
+	cfg.Speed = 20
+	cfg.Warmup = 20 * time.Second
+	cfg.Workload.FirstTokens, cfg.Workload.Turns = 3000, 4
+	var log bytes.Buffer
+	cfg.Log = &log
+	set(&cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rep, err := Run(ctx, cfg)
+	if err != nil {
+		t.Fatalf("demo: %v\n%s", err, log.String())
+	}
+	return rep, log.String()
 }

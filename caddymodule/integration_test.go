@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -19,11 +20,39 @@ import (
 )
 
 // The in-process Caddy of this package's tests: its admin endpoint and the
-// site's port, both on loopback, chosen apart from other packages' tests.
-const (
-	testAdminPort = 2981
-	testHTTPPort  = 9181
+// site's port, both on loopback, each the first of three free ports (the
+// tests use port+1 and port+2 for a second instance and the unused HTTPS
+// port), chosen when the test binary starts so that two test processes of
+// this package do not collide.
+var (
+	testAdminPort = freePortRun(3)
+	testHTTPPort  = freePortRun(3)
 )
+
+// freePortRun returns the first of n consecutive loopback ports that are free
+// now.
+func freePortRun(n int) int {
+	for try := 0; try < 200; try++ {
+		base := 20000 + rand.IntN(40000)
+		var held []net.Listener
+		ok := true
+		for i := 0; i < n; i++ {
+			l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", base+i))
+			if err != nil {
+				ok = false
+				break
+			}
+			held = append(held, l)
+		}
+		for _, l := range held {
+			l.Close()
+		}
+		if ok {
+			return base
+		}
+	}
+	panic("no run of free loopback ports")
+}
 
 var siteURL = fmt.Sprintf("http://127.0.0.1:%d", testHTTPPort)
 

@@ -354,8 +354,11 @@ type ReplicaRow struct {
 	// placed here because their replica no longer held their cache;
 	// ColdMarked the bindings here found cold (the replica restarted
 	// since their last turn); Ended the bindings here dropped
-	// because the client ended the session.
+	// because the client ended the session; Side the side requests routed
+	// here (another start under a bound conversation's key: a session
+	// title, a summary, a probe), which moved no conversation.
 	Restarted    uint64 `json:"restarted"`
+	Side         uint64 `json:"side"`
 	ColdReplaced uint64 `json:"cold_replaced"`
 	ColdMarked   uint64 `json:"cold_marked"`
 	Ended        uint64 `json:"ended"`
@@ -432,7 +435,7 @@ func buildCard(m *modelState, now time.Time) Card {
 			Sticky: r.Sticky, StayedOverloaded: r.StayedOverloaded, Placed: r.Placed,
 			SpillAccepted: r.SpillAccepted, ClientPinned: r.ClientPinned, Replaced: r.Replaced,
 			AffinityOff: r.AffinityOff, NoKey: r.NoKey, Bindings: r.Bindings, Active: r.Active,
-			Restarted: r.Restarted, ColdReplaced: r.ColdReplaced, ColdMarked: r.ColdMarked, Ended: r.Ended,
+			Restarted: r.Restarted, Side: r.Side, ColdReplaced: r.ColdReplaced, ColdMarked: r.ColdMarked, Ended: r.Ended,
 			PredictedCached: r.PredictedTokens, DeliveredCached: r.DeliveredTokens,
 			WorkingSetTokens: r.WorkingSet, Full: r.Full,
 		}

@@ -78,11 +78,17 @@ type Handler struct {
 	// binding carries a fingerprint of its conversation's start (the
 	// model and the messages up to the first user message), read from the
 	// body's first bytes when they hold it (the rest is streamed on), else
-	// from the whole body; a bound conversation whose start changed was
-	// compacted or cleared and is placed anew by load (restarted). Claude
-	// Code's requests keep their start over a conversation's turns and
-	// over --continue; it changes after /compact and when the model is
-	// switched (testdata/claudecode). Turn it off for a client that
+	// from the whole body. A request whose start differs from its bound
+	// conversation's is a side request (a session title, a summary, a
+	// probe, a call to another model under the same key), routed without
+	// moving the conversation (side); when the same new start comes again
+	// before the conversation's own, the conversation was compacted or
+	// cleared and goes on with it (restarted, once). Claude Code's
+	// requests keep their start over a conversation's turns, over
+	// --continue and in the summarising request of /compact; it changes
+	// after /compact and when the model is switched, and its side
+	// requests have starts of their own (testdata/claudecode,
+	// testdata/claudecode-interactive). Turn it off for a client that
 	// rewrites its first message from turn to turn.
 	NoRestartDetection bool `json:"no_restart_detection,omitempty"`
 

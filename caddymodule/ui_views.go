@@ -201,6 +201,7 @@ func buildCardView(doc Card, now time.Time) uiCardView {
 				"hit":            uiOptPct(r.PrefixHitRate),
 				"delivered":      uiDelivered(r.DeliveredShare, r.DeliveredCached, r.PredictedCached),
 				"restarted":      uiCount(r.Restarted),
+				"side":           uiCount(r.Side),
 				"cold_replaced":  uiCount(r.ColdReplaced),
 				"ended":          uiCount(r.Ended),
 				"bindings":       {V: r.Bindings, T: humanize.Comma(int64(r.Bindings)) + " (" + humanize.Comma(int64(r.Active)) + " active)"},

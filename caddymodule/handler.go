@@ -252,7 +252,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 	rw := watcherPool.Get().(*responseWatcher)
 	rw.ResponseWriter, rw.st = w, st
-	rw.measure = r.Method == http.MethodPost && !strings.HasSuffix(r.URL.Path, "/count_tokens")
+	rw.inference = isInference(r)
+	rw.measure = rw.inference
 	rw.ctx = r.Context()
 	defer h.finish(rw)
 

@@ -64,6 +64,10 @@
 //     and goes on with it: ReasonRestarted, re-bound to the replica its
 //     earlier request with that start went to when that one is usable and
 //     not over the threshold, else placed by score (not counted as keyed).
+//     A binding whose own start never came a second time was placed by a
+//     side request that came first (Claude Code sends a session's title
+//     request before its first turn): the recurring start replaces it on
+//     the same replica as a sticky turn, with no restart.
 //     A binding with no start recorded learns it; Start 0 checks nothing. A binding marked cold (ColdReplica: the replica
 //     restarted since the conversation's last turn) whose replica is usable
 //     is placed by score and re-bound, ReasonColdReplaced. A turn that

@@ -640,8 +640,11 @@ func (r *Router) route(req Request, queue bool) (Decision, *Ticket, error) {
 	if en := &r.b.ents[e]; req.Start != 0 {
 		if en.start == 0 {
 			en.start = req.Start
-		} else if en.flags&flagSide != 0 {
-			r.forgetSide(e) // the conversation went on: they were side requests
+		} else {
+			en.flags |= flagConfirmed
+			if en.flags&flagSide != 0 {
+				r.forgetSide(e) // the conversation went on: they were side requests
+			}
 		}
 	}
 	if r.b.ents[e].flags&flagCold != 0 && r.usable(bound) && r.b.ents[e].flags&flagReplace == 0 {

@@ -3,6 +3,12 @@ package placement
 // flagSide marks a binding with side starts pending in Router.side.
 const flagSide uint16 = 64
 
+// flagConfirmed marks a binding whose start came on two requests: it is
+// the conversation's. Until then the start may be a side request's that
+// came first (Claude Code sends a session's title request before its first
+// turn), and a new start that recurs replaces it without a restart.
+const flagConfirmed uint16 = 128
+
 // sideSlots is how many recent side starts a binding remembers: a start
 // that comes back while remembered is the conversation continuing. Two
 // let a new start recur across one unrelated side request between its
@@ -96,13 +102,23 @@ func (r *Router) forgetSide(e int32) {
 // (bound to bound) and routes its turn: to at, the replica its earlier
 // request with that start went to, when at is usable, not over the
 // threshold and not marked for a move; else placed anew by load. Either
-// way it is counted restarted once. r.mu held.
+// way it is counted restarted once, unless the binding's start never
+// recurred (a side request placed it) and the turn stays: then the
+// conversation only now shows its start, a sticky turn. r.mu held.
 func (r *Router) restartAt(e int32, bound, at *replica, s uint64, now int64) (Decision, error) {
 	en := &r.b.ents[e]
 	r.forgetSide(e)
+	confirmed := en.flags&flagConfirmed != 0
 	en.start, en.prompt = s, 0
+	en.flags |= flagConfirmed
 	if at == nil || !r.usable(at) || at.running() > r.threshold || (at == bound && en.flags&flagReplace != 0) {
 		return r.replace(e, bound, now, ReasonRestarted)
+	}
+	if !confirmed && at == bound {
+		// its first request here just computed the new start's prefix
+		en.flags &^= flagCold
+		r.keyed++
+		return r.stay(e, bound, now, ReasonSticky), nil
 	}
 	en.flags &^= flagReplace | flagCold
 	r.rebind(e, at, now)

@@ -158,6 +158,12 @@ func TestSideRequests(t *testing.T) {
 				t.Fatal(err)
 			}
 			d.Release()
+			// the conversation's start comes again: it is the
+			// conversation's
+			if d, err = r.Route(Request{Key: "k", Start: a, Now: t0}); err != nil || d.Reason != ReasonSticky {
+				t.Fatalf("second turn: %s, %v", d.Reason, err)
+			}
+			d.Release()
 			if tc.setup != nil {
 				tc.setup(t, r)
 			}
@@ -255,5 +261,45 @@ func TestSideRouteAllocs(t *testing.T) {
 	})
 	if allocs != 0 {
 		t.Fatalf("%.1f allocations per side request, want 0", allocs)
+	}
+}
+
+// TestSideRequestFirst: a session whose first request is a side request
+// (Claude Code sends the title request before the first turn) is bound
+// with that request's start; the conversation's start, once it recurs,
+// replaces it on the same replica with no restart, and later title
+// requests are side requests.
+func TestSideRequestFirst(t *testing.T) {
+	const title1, conv, title2 uint64 = 0x71, 0xa, 0x72
+	r := newTestRouter(3, Config{})
+	want := []struct {
+		start  uint64
+		reason Reason
+	}{
+		{title1, ReasonPlaced},
+		{conv, ReasonSide},
+		{conv, ReasonSticky},
+		{conv, ReasonSticky},
+		{title2, ReasonSide},
+		{conv, ReasonSticky},
+	}
+	var rep string
+	for i, w := range want {
+		d, err := r.Route(Request{Key: "k", Start: w.start, Now: t0.Add(time.Duration(i) * time.Second)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d.Release()
+		if rep == "" {
+			rep = d.Replica
+		}
+		if d.Reason != w.reason || d.Replica != rep || d.Previous != "" {
+			t.Fatalf("request %d (start %x): %s %s (previous %q), want %s %s", i, w.start, d.Replica, d.Reason, d.Previous, rep, w.reason)
+		}
+	}
+	for _, row := range r.Snapshot().Replicas {
+		if row.Restarted != 0 {
+			t.Errorf("%s: Restarted = %d, want 0", row.ID, row.Restarted)
+		}
 	}
 }

@@ -303,3 +303,24 @@ func TestSideRequestFirst(t *testing.T) {
 		}
 	}
 }
+
+// TestSideRequestFeedback: what the engine reports for a side request (a
+// short title prompt) does not become the conversation's context, so the
+// next turn's prediction still comes from the conversation's last turn.
+func TestSideRequestFeedback(t *testing.T) {
+	r := newTestRouter(2, Config{})
+	turn(t, r, "k", 1, t0, 20000, 0)
+	turn(t, r, "k", 1, t0.Add(time.Second), 21000, 19984)
+	if d := turn(t, r, "k", 99, t0.Add(2*time.Second), 300, 0); d.Reason != ReasonSide {
+		t.Fatalf("title request: %s, want side", d.Reason)
+	}
+	d, err := r.Route(Request{Key: "k", Start: 1, Now: t0.Add(3 * time.Second)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Release()
+	got, _ := r.Feedback(Turn{Key: "k", Replica: d.Replica, Reason: d.Reason, Prompt: 22000, Cached: 20984})
+	if want := 21000 - DefaultBlockTokens; got != want {
+		t.Fatalf("prediction after a side request: %d, want %d (from the conversation's last turn)", got, want)
+	}
+}

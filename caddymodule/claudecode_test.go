@@ -82,7 +82,7 @@ func TestClaudeCodeStartIsStable(t *testing.T) {
 			if got := sessionFromBody(r.body); got != sid {
 				t.Errorf("key from metadata %q, want the header's %q", got, sid)
 			}
-			fp := startFingerprint(r.body, defaultFingerprintBytes)
+			fp, _ := splitStart(startFingerprint(r.body, defaultFingerprintBytes))
 			if fp == 0 {
 				t.Fatal("no start fingerprint")
 			}

@@ -82,8 +82,9 @@ type Handler struct {
 	// conversation's is a side request (a session title, a summary, a
 	// probe, a call to another model under the same key), routed without
 	// moving the conversation (side); when the same new start comes again
-	// before the conversation's own, the conversation was compacted or
-	// cleared and goes on with it (restarted, once). Claude Code's
+	// before the conversation's own in a request with more than one
+	// message, the conversation was compacted or cleared and goes on with
+	// it (restarted, once). Claude Code's
 	// requests keep their start over a conversation's turns, over
 	// --continue and in the summarising request of /compact; it changes
 	// after /compact and when the model is switched, and its side

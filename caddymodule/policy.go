@@ -562,7 +562,8 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 	}
 	exclude = st.triedList(exclude)
 
-	req := placement.Request{Key: st.key, Parent: st.parent, Start: st.start, Tokens: p.tokens(r, st)}
+	start, lone := splitStart(st.start)
+	req := placement.Request{Key: st.key, Parent: st.parent, Start: start, Lone: lone, Tokens: p.tokens(r, st)}
 	if len(exclude) > 0 {
 		req.Exclude = exclude
 	}

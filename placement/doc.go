@@ -58,7 +58,9 @@
 //     ReasonSide, routed to the conversation's replica while it is usable
 //     and not over the threshold, else to the least loaded (as rule 2),
 //     without moving, refreshing or re-binding the conversation and not
-//     counted as keyed. The binding remembers the last two such starts; one
+//     counted as keyed. The binding remembers the last two such starts of
+//     requests that are not Request.Lone (a single message: a title
+//     request, a classifier's call, however often retried); one
 //     that arrives again before a request with the conversation's own start
 //     (which forgets them) means the conversation was compacted or cleared
 //     and goes on with it: ReasonRestarted, re-bound to the replica its

@@ -165,6 +165,12 @@ type Request struct {
 	// conversation was compacted or cleared and goes on with it
 	// (ReasonRestarted). See side.go.
 	Start uint64
+	// Lone says the request holds a single message: with a start other
+	// than its conversation's it is a side request that never becomes the
+	// conversation however often it comes (a title request, a permission
+	// classifier's call retried); a conversation's turns after the first
+	// carry its history.
+	Lone bool
 	// Tokens estimates the request's prompt in tokens (e.g. from its
 	// body's size); 0 = unknown. Admission counts a conversation with it
 	// until the engine reports the context (Feedback).
@@ -623,8 +629,11 @@ func (r *Router) route(req Request, queue bool) (Decision, *Ticket, error) {
 	if en := &r.b.ents[e]; req.Start != 0 && en.start != 0 && en.start != req.Start {
 		// Same key, another start: a side request (side.go), unless the
 		// start recurs
-		if again, at = r.recurs(e, req.Start); !again {
-			d, err := r.sideRoute(e, bound, req.Start)
+		if !req.Lone {
+			again, at = r.recurs(e, req.Start)
+		}
+		if !again {
+			d, err := r.sideRoute(e, bound, req.Start, !req.Lone)
 			return d, nil, err
 		}
 	}

@@ -32,22 +32,26 @@ type sideStarts struct {
 // start is first taken for a side request: routed without moving or
 // re-binding the conversation (to its replica while that is usable and not
 // over the threshold, as its prompt is short; else to the least loaded)
-// and remembered; when the same start arrives again before a request with
+// and, unless the request is lone (one message: no history of its own),
+// remembered; when the same start arrives again before a request with
 // the conversation's own start does, the conversation has continued with
 // it and is restarted (restartAt). A request with the conversation's start
 // forgets the remembered ones: they were side requests.
 
 // sideRoute routes a side request with start s for the conversation of
 // entry e, bound to bound: the binding is not moved, refreshed or counted
-// keyed, and the turn holds no working-set slot. r.mu held.
-func (r *Router) sideRoute(e int32, bound *replica, s uint64) (Decision, error) {
+// keyed, and the turn holds no working-set slot. The start is remembered
+// when remember (not a lone request). r.mu held.
+func (r *Router) sideRoute(e int32, bound *replica, s uint64, remember bool) (Decision, error) {
 	p := bound
 	if !r.usable(p) || p.running() > r.threshold {
 		if p = r.lenientPick(r.leastQueued); p == nil {
 			return Decision{}, ErrNoReplica
 		}
 	}
-	r.rememberSide(e, s, p.idx)
+	if remember {
+		r.rememberSide(e, s, p.idx)
+	}
 	p.side++
 	return r.take(p, ReasonSide, nilIdx), nil
 }

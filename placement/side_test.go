@@ -324,3 +324,50 @@ func TestSideRequestFeedback(t *testing.T) {
 		t.Fatalf("prediction after a side request: %d, want %d (from the conversation's last turn)", got, want)
 	}
 }
+
+// TestLoneSideRequests: a lone request (one message) with another start is
+// a side request however often it comes: a permission classifier's call
+// retried five times does not become the conversation.
+func TestLoneSideRequests(t *testing.T) {
+	const title, conv, check uint64 = 0x71, 0xa, 0xcc
+	r := newTestRouter(3, Config{})
+	want := []struct {
+		start  uint64
+		lone   bool
+		reason Reason
+	}{
+		{title, true, ReasonPlaced},
+		{conv, false, ReasonSide},
+		{check, true, ReasonSide},
+		{check, true, ReasonSide},
+		{check, true, ReasonSide},
+		{check, true, ReasonSide},
+		{check, true, ReasonSide},
+		{conv, false, ReasonSticky},
+		{check, true, ReasonSide},
+		{check, true, ReasonSide},
+		{conv, false, ReasonSticky},
+	}
+	var rep string
+	for i, w := range want {
+		d, err := r.Route(Request{Key: "k", Start: w.start, Lone: w.lone, Now: t0.Add(time.Duration(i) * time.Second)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d.Release()
+		if rep == "" {
+			rep = d.Replica
+		}
+		if d.Reason != w.reason || d.Replica != rep {
+			t.Fatalf("request %d (start %x, lone %v): %s %s, want %s %s", i, w.start, w.lone, d.Replica, d.Reason, rep, w.reason)
+		}
+	}
+	for _, row := range r.Snapshot().Replicas {
+		if row.Restarted != 0 {
+			t.Errorf("%s: Restarted = %d, want 0", row.ID, row.Restarted)
+		}
+	}
+	if n := len(r.side); n != 0 {
+		t.Errorf("%d bindings with side starts remembered, want 0 (lone ones are not)", n)
+	}
+}

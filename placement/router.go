@@ -319,9 +319,9 @@ type Router struct {
 	inflight atomic.Int64
 	slots    slotPool
 
-	// working-set admission (admission.go)
-	side map[uint64]sideStarts // recent side starts of bindings with flagSide, by hash
+	side map[uint64]sideStarts // recent side starts of bindings with flagSide, by hash (side.go)
 
+	// working-set admission (admission.go)
 	admit                                                          bool // in force
 	queue                                                          []*Ticket
 	lastFirst                                                      int // context of the last first turn measured

@@ -9,6 +9,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/dustin/go-humanize"
+	"github.com/lmwarden/caddy-lmwarden/vllmstats"
 )
 
 func init() {
@@ -130,6 +131,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 //	    fail_after         <n>
 //	    fail_cooldown      <duration>
 //	    metrics_path       <path>
+//	    engine             auto|vllm|sglang|llamacpp|tgi
 //	    poll_scheme        http|https
 //	    data_parallel_size <n>
 //	    client_pin_header  <header>
@@ -156,7 +158,7 @@ func (p *Policy) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	for d.NextBlock(0) {
 		opt := d.Val()
 		switch opt {
-		case "model", "metrics_path", "poll_scheme", "client_pin_header":
+		case "model", "metrics_path", "poll_scheme", "client_pin_header", "engine":
 			var v string
 			if !d.AllArgs(&v) {
 				return d.ArgErr()
@@ -171,6 +173,12 @@ func (p *Policy) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				p.MetricsPath = v
 			case "poll_scheme":
 				p.PollScheme = v
+			case "engine":
+				if !validEngine(v) {
+					_, err := vllmstats.ParseDialect(v)
+					return d.Err(err.Error())
+				}
+				p.Engine = strings.ToLower(v)
 			default:
 				p.ClientPinHeader = v
 			}

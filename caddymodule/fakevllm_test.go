@@ -35,6 +35,9 @@ type fakeVLLM struct {
 	hold     chan struct{} // when non-nil, generation waits for it to close
 	inflight int
 	step     chan struct{} // when non-nil, an SSE stream waits on it after its first event
+	// exposition, when set, writes /metrics instead of vLLM's series (another
+	// engine's names, or none the module knows); f.mu is held.
+	exposition func(f *fakeVLLM) string
 }
 
 type servedReq struct {
@@ -188,6 +191,10 @@ func (f *fakeVLLM) writeMetrics(w http.ResponseWriter) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+	if f.exposition != nil {
+		_, _ = io.WriteString(w, f.exposition(f))
+		return
+	}
 	var b strings.Builder
 	series := func(name, typ string, val func(e int) float64) {
 		fmt.Fprintf(&b, "# HELP %s fake\n# TYPE %s %s\n", name, name, typ)

@@ -60,6 +60,7 @@ type pollSettings struct {
 	FailAfter   int
 	MetricsPath string
 	Scheme      string
+	Dialect     vllmstats.Dialect
 }
 
 // modelState is the runtime of one model: its router, poller and token
@@ -150,6 +151,7 @@ func (m *modelState) newPoller() *vllmstats.Poller {
 		Timeout:     m.poll.Timeout,
 		FailAfter:   m.poll.FailAfter,
 		MetricsPath: m.poll.MetricsPath,
+		Dialect:     m.poll.Dialect,
 		Client:      &http.Client{Timeout: m.poll.Timeout},
 		Logger:      m.logger.Named("poller"),
 		OnSnapshot:  m.onSnapshot,

@@ -1,0 +1,103 @@
+package vllmstats
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+// Each engine's exposition, read in its own names: every figure present or
+// unknown as the engine exports it, the prefix hit rate cached / all prompt
+// tokens for every one.
+func TestParseMetricsDialectFixtures(t *testing.T) {
+	const qwen = "Qwen/Qwen3-4B-Instruct-2507"
+	tests := []struct {
+		fixture string
+		want    EngineMetrics
+	}{
+		// The largest of the per-rank gauges, not their sum; the cached
+		// counter summed over cache_source; queries are the prompt tokens;
+		// capacity from max_total_num_tokens; the per-batch hit-rate gauge
+		// is not read.
+		{"sglang.txt", EngineMetrics{Engine: "0", Dialect: DialectSGLang, ModelName: qwen,
+			Present: AllFigures, Running: 3, Waiting: 2, KVUsage: 0.21,
+			PrefixQueries: 31200, PrefixHits: 21000, PromptTokens: 31200, GenerationTokens: 900,
+			KVCapacityTokens: 480000}},
+		// Before the first hit the cached counter has no sample: 0, not
+		// unknown, while the prompt counter is there.
+		{"sglang_fresh.txt", EngineMetrics{Engine: "0", Dialect: DialectSGLang, ModelName: qwen,
+			Present: AllFigures, PrefixQueries: 2400, PromptTokens: 2400, GenerationTokens: 64,
+			KVCapacityTokens: 480000}},
+		// Batch and queue only; no prefix, KV, token counters or capacity.
+		{"tgi.txt", EngineMetrics{Engine: "0", Dialect: DialectTGI, Present: FigRunning | FigWaiting, Running: 6, Waiting: 4}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.fixture, func(t *testing.T) {
+			got, err := ParseMetrics(strings.NewReader(readFixture(t, tt.fixture)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got) != 1 || got["0"] == nil {
+				t.Fatalf("engines %v, want one, \"0\"", got)
+			}
+			if *got["0"] != tt.want {
+				t.Errorf("\n got %+v\nwant %+v", *got["0"], tt.want)
+			}
+			// the same when the engine is configured rather than detected
+			as, err := ParseMetricsAs(strings.NewReader(readFixture(t, tt.fixture)), tt.want.Dialect)
+			if err != nil || *as["0"] != tt.want {
+				t.Errorf("as %v: %+v, %v", tt.want.Dialect, as["0"], err)
+			}
+		})
+	}
+}
+
+// An engine configured by name reads only its own names: another engine's
+// exposition carries none of them.
+func TestParseMetricsAsOtherEngine(t *testing.T) {
+	for _, d := range []Dialect{DialectSGLang, DialectLlamaCpp, DialectTGI} {
+		if _, err := ParseMetricsAs(strings.NewReader(readFixture(t, "vllm_v1.txt")), d); !errors.Is(err, ErrNoKnownSeries) {
+			t.Errorf("vLLM exposition read as %v: %v, want ErrNoKnownSeries", d, err)
+		}
+	}
+	if _, err := ParseMetricsAs(strings.NewReader(readFixture(t, "sglang.txt")), DialectVLLM); !errors.Is(err, ErrNoKnownSeries) {
+		t.Errorf("SGLang exposition read as vllm: %v", err)
+	}
+}
+
+func TestParseDialect(t *testing.T) {
+	for _, tt := range []struct {
+		in   string
+		want Dialect
+		err  bool
+	}{
+		{"", DialectAuto, false}, {"auto", DialectAuto, false}, {"vllm", DialectVLLM, false},
+		{"SGLang", DialectSGLang, false}, {"llamacpp", DialectLlamaCpp, false}, {"tgi", DialectTGI, false},
+		{"ollama", DialectAuto, true}, {"llama.cpp", DialectAuto, true},
+	} {
+		d, err := ParseDialect(tt.in)
+		if d != tt.want || (err != nil) != tt.err {
+			t.Errorf("ParseDialect(%q) = %v, %v", tt.in, d, err)
+		}
+		if err == nil && tt.in != "" && !strings.EqualFold(d.String(), tt.in) {
+			t.Errorf("%v.String() = %q", d, d.String())
+		}
+	}
+}
+
+// Every dialect's table names the figures it exports; what it lacks is
+// unknown for that engine, and the log names its series.
+func TestDialectExports(t *testing.T) {
+	if got := DialectTGI.Exports(); got != FigRunning|FigWaiting {
+		t.Errorf("tgi exports %s", got.Names())
+	}
+	if got := DialectLlamaCpp.Exports(); got != AllFigures {
+		t.Errorf("llamacpp exports %s, want all (KV usage from older servers, capacity from /props)", got.Names())
+	}
+	if got := DialectSGLang.Series(FigPrefixHits | FigWaiting); got != "sglang:num_queue_reqs,sglang:cached_tokens_total" {
+		t.Errorf("sglang series %q", got)
+	}
+	if got := DialectTGI.Series(FigKVUsage); !strings.Contains(got, "no series for kv_usage") {
+		t.Errorf("tgi series %q", got)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/bits"
 	"strings"
+	"sync"
 )
 
 // Dialect is the engine whose /metrics names ParseMetrics reads: each
@@ -93,6 +94,12 @@ type dialectTable struct {
 	// request with a hit (SGLang increments it only when cached_tokens > 0),
 	// so while the prompt counter is present an absent one is 0, not unknown.
 	hitsAppearLate bool
+	// cachedOmittedWhenZero: the usage of a response leaves the cached
+	// count out when it is 0, and always when cache reports are off (SGLang
+	// with --enable-cache-report: entrypoints/openai/usage_processor.py,
+	// UsageProcessor._details_if_cached returns None for 0). See
+	// CacheReports.
+	cachedOmittedWhenZero bool
 }
 
 // queriesFrom is how a dialect counts the prompt tokens looked up in the
@@ -162,6 +169,7 @@ var dialects = [numDialects]dialectTable{
 	// counters give the same cached/prompt ratio vLLM's give.
 	DialectSGLang: {
 		modelLabel: "model_name", capacity: CapacityGauge, hitsAppearLate: true, queries: queriesPrompt,
+		cachedOmittedWhenZero: true,
 		series: []seriesDef{
 			{name: "sglang:num_running_reqs", fig: FigRunning},
 			{name: "sglang:num_queue_reqs", fig: FigWaiting},
@@ -282,4 +290,41 @@ func (d Dialect) Capacity() CapacitySource {
 		return CapacityNone
 	}
 	return dialects[d].capacity
+}
+
+// CacheReports tells an omitted cached count from an unknown one, per
+// replica, for engines that leave it out of a response's usage when it is 0
+// (SGLang): once a replica's response carried the count, its cache reports
+// are on, and a later response without it read 0 tokens from the cache (an
+// evicted prefix shows as such); before, the count is unknown. For other
+// engines it changes nothing. Safe for concurrent use.
+type CacheReports struct {
+	on sync.Map // replica ID → struct{}: it reported a cached count
+}
+
+// Complete fills u's cached count for a response of replica, read in
+// dialect d, when the engine omitted a 0.
+func (c *CacheReports) Complete(replica string, d Dialect, u *Usage) {
+	if int(d) >= len(dialects) || !dialects[d].cachedOmittedWhenZero || !u.Measured {
+		return
+	}
+	if u.CachedMeasured {
+		if _, ok := c.on.Load(replica); !ok {
+			c.on.Store(replica, struct{}{})
+		}
+		return
+	}
+	if _, ok := c.on.Load(replica); ok {
+		u.CachedTokens, u.CachedMeasured = 0, true
+	}
+}
+
+// Forget drops the replicas for which keep returns false.
+func (c *CacheReports) Forget(keep func(replica string) bool) {
+	c.on.Range(func(k, _ any) bool {
+		if id, _ := k.(string); !keep(id) {
+			c.on.Delete(k)
+		}
+		return true
+	})
 }

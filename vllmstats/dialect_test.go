@@ -101,3 +101,47 @@ func TestDialectExports(t *testing.T) {
 		t.Errorf("tgi series %q", got)
 	}
 }
+
+// SGLang leaves cached_tokens out of the usage when it is 0 (and always
+// when --enable-cache-report is off): after a replica reported a count, an
+// omitted one is 0 cached; before, unknown. Other engines: unchanged.
+func TestCacheReports(t *testing.T) {
+	var c CacheReports
+	omitted := func() Usage { return Usage{PromptTokens: 900, Measured: true} }
+	u := omitted()
+	c.Complete("a", DialectSGLang, &u)
+	if u.CachedMeasured {
+		t.Fatalf("before any report: %+v, want unknown", u)
+	}
+	rep := Usage{PromptTokens: 900, CachedTokens: 800, Measured: true, CachedMeasured: true}
+	c.Complete("a", DialectSGLang, &rep)
+	if rep.CachedTokens != 800 || !rep.CachedMeasured {
+		t.Fatalf("a report changed: %+v", rep)
+	}
+	u = omitted()
+	c.Complete("a", DialectSGLang, &u)
+	if !u.CachedMeasured || u.CachedTokens != 0 || u.Computed() != 900 {
+		t.Fatalf("omitted after a report: %+v, want 0 cached", u)
+	}
+	for _, tc := range []struct {
+		replica string
+		d       Dialect
+	}{{"b", DialectSGLang}, {"a", DialectVLLM}, {"a", DialectLlamaCpp}, {"a", DialectAuto}} {
+		u = omitted()
+		c.Complete(tc.replica, tc.d, &u)
+		if u.CachedMeasured {
+			t.Errorf("%s as %v: %+v, want unknown", tc.replica, tc.d, u)
+		}
+	}
+	unmeasured := Usage{}
+	c.Complete("a", DialectSGLang, &unmeasured)
+	if unmeasured.CachedMeasured {
+		t.Errorf("no usage at all became measured: %+v", unmeasured)
+	}
+	c.Forget(func(string) bool { return false })
+	u = omitted()
+	c.Complete("a", DialectSGLang, &u)
+	if u.CachedMeasured {
+		t.Errorf("forgotten replica still reports: %+v", u)
+	}
+}

@@ -37,6 +37,7 @@ func parseHandlerCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler,
 //	    model_var           on|off
 //	    max_body            <size>
 //	    error_response      api|caddy
+//	    strip_billing_block on|off
 //	}
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // directive name
@@ -74,12 +75,14 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				args = []string{"-"}
 			}
 			h.SessionEndHeaders = args
-		case "body_keys", "fingerprint", "model_var", "restart_detection":
+		case "body_keys", "fingerprint", "model_var", "restart_detection", "strip_billing_block":
 			on, err := parseOnOff(d)
 			if err != nil {
 				return err
 			}
 			switch opt {
+			case "strip_billing_block":
+				h.StripBillingBlock = on
 			case "body_keys":
 				h.NoBodyKeys = !on
 			case "fingerprint":

@@ -38,6 +38,13 @@ type fakeVLLM struct {
 	// exposition, when set, writes /metrics instead of vLLM's series (another
 	// engine's names, or none the module knows); f.mu is held.
 	exposition func(f *fakeVLLM) string
+	last       string // the last API request's body
+}
+
+func (f *fakeVLLM) lastBody() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.last
 }
 
 type servedReq struct {
@@ -122,6 +129,7 @@ func (f *fakeVLLM) serve(w http.ResponseWriter, r *http.Request) {
 		cached = min(int64(f.cache[ck]), prompt-1)
 		f.cache[ck] = int(prompt)
 	}
+	f.last = string(body)
 	f.served = append(f.served, servedReq{key: key, rank: rank, path: r.URL.Path, engine: engine})
 	f.sum.prompt += prompt
 	f.sum.cached += cached

@@ -28,6 +28,18 @@ func TestParseMetricsDialectFixtures(t *testing.T) {
 		{"sglang_fresh.txt", EngineMetrics{Engine: "0", Dialect: DialectSGLang, ModelName: qwen,
 			Present: AllFigures, PrefixQueries: 2400, PromptTokens: 2400, GenerationTokens: 64,
 			KVCapacityTokens: 480000}},
+		// llm-d-inference-sim eec055a, captured after three chat requests
+		// with a shared 208-token prefix (POD_IP=127.0.0.1 llm-d-inference-sim
+		// --model qwen3-4b --enable-kvcache --kv-cache-size 4096
+		// --block-size 16): vLLM's names with _total, no engine label.
+		{"sim_eec055a.txt", EngineMetrics{Engine: "0", Dialect: DialectVLLM, ModelName: "qwen3-4b",
+			Present: AllFigures, PrefixQueries: 666, PrefixHits: 416, PromptTokens: 666, GenerationTokens: 10,
+			BlockSize: 16, NumGPUBlocks: 4096, KVCapacityTokens: 65536}},
+		// The same server before its first request: its counters have no
+		// sample yet, so they are unknown (the window starts at the first).
+		{"sim_eec055a_fresh.txt", EngineMetrics{Engine: "0", Dialect: DialectVLLM, ModelName: "qwen3-4b",
+			Present: FigRunning | FigWaiting | FigKVUsage | FigCacheConfig,
+			BlockSize: 16, NumGPUBlocks: 4096, KVCapacityTokens: 65536}},
 		// Batch and queue only; no prefix, KV, token counters or capacity.
 		{"tgi.txt", EngineMetrics{Engine: "0", Dialect: DialectTGI, Present: FigRunning | FigWaiting, Running: 6, Waiting: 4}},
 	}

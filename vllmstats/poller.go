@@ -160,6 +160,10 @@ type urlState struct {
 type targetState struct {
 	stats    ReplicaStats
 	havePrev [2]bool    // prev holds a value of that counter
+	// without: a good poll found the server without that counter: one that
+	// appears later started from 0 then (a client_golang counter has no
+	// sample before its first increment), so all of it is new traffic
+	without [2]bool
 	prev     [2]float64 // prefix queries, hits
 	// missing is the set of figures last logged as absent.
 	missing Figures
@@ -492,10 +496,14 @@ func (p *Poller) succeed(st *targetState, em *EngineMetrics, now time.Time) (res
 	since := [2]*float64{&s.QueriesSinceStart, &s.HitsSinceStart}
 	for i := range cur {
 		if !have[i] {
+			st.without[i] = !st.havePrev[i]
 			continue
 		}
-		if st.havePrev[i] && !reset {
+		switch {
+		case st.havePrev[i] && !reset:
 			*since[i] += cur[i] - st.prev[i]
+		case !st.havePrev[i] && st.without[i]:
+			*since[i] += cur[i] // appeared since the last poll: from 0
 		}
 		st.prev[i], st.havePrev[i] = cur[i], true
 	}

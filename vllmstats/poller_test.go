@@ -430,3 +430,32 @@ func TestPollerPrefixSeriesAbsent(t *testing.T) {
 		t.Fatalf("warning names %v", got)
 	}
 }
+
+// A counter without a sample until the first request (llm-d-inference-sim,
+// client_golang) counts from 0 when it appears after a good poll without it:
+// the first traffic is not lost as a baseline.
+func TestPollerCountersAppearingLater(t *testing.T) {
+	fresh := readFixture(t, "sim_eec055a_fresh.txt")
+	f := newFakeVLLM(t, fresh)
+	p := NewPoller(PollerConfig{Targets: []Target{{ID: "r", BaseURL: f.srv.URL}}, Interval: time.Second, Window: time.Hour})
+	defer p.Stop()
+	p.round()
+	if r := mustReplica(t, p, "r"); r.HitRateKnown || r.QueriesSinceStart != 0 {
+		t.Fatalf("fresh: %+v", r)
+	}
+	f.set(200, readFixture(t, "sim_eec055a.txt"))
+	p.round()
+	r := mustReplica(t, p, "r")
+	if !r.HitRateKnown || r.QueriesSinceStart != 666 || r.HitsSinceStart != 416 || !r.HitRateWindowKnown || r.HitRateWindow != 416.0/666 {
+		t.Fatalf("after the first requests: %+v", r)
+	}
+	// a counter present from the first poll is a baseline, as before
+	g := newFakeVLLM(t, readFixture(t, "sim_eec055a.txt"))
+	q := NewPoller(PollerConfig{Targets: []Target{{ID: "g", BaseURL: g.srv.URL}}, Interval: time.Second})
+	defer q.Stop()
+	q.round()
+	if r := mustReplica(t, q, "g"); r.QueriesSinceStart != 0 || r.HitRateWindowKnown {
+		t.Fatalf("baseline: %+v", r)
+	}
+}
+

@@ -20,6 +20,10 @@ type Turn struct {
 	// Completion is the tokens the engine generated for the turn; with
 	// Prompt it is the conversation's context, which admission counts.
 	Completion int
+	// FirstToken is the time from routing to the answer's first token and
+	// Duration to its end, as the proxy saw them; 0 = unknown. They teach
+	// the replica's prefill rate and turn time (the spill cost model).
+	FirstToken, Duration time.Duration
 }
 
 // Feedback records what the engine delivered for a finished turn and checks
@@ -55,6 +59,7 @@ func (r *Router) Feedback(t Turn) (predicted int, cold bool) {
 	if p.id != t.Replica {
 		return 0, false
 	}
+	p.learn(t)
 	if base := min(int(en.prompt), t.Prompt); (t.Reason == ReasonSticky || t.Reason == ReasonStayedOverloaded) && base > DefaultBlockTokens {
 		predicted = base - DefaultBlockTokens
 		got := min(t.Cached, predicted)

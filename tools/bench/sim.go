@@ -400,11 +400,17 @@ func (s *simulator) finishStep(i int) {
 			t.rec.End = s.now
 			t.rec.Output = len(t.req.Output)
 			s.done(t)
-			if s.mode == ModeLifecycle || s.mode == ModeAdmit {
-				// What the Caddy module does with the usage of every
-				// finished turn, after it released the turn's slot.
+			if PolicyOf(s.mode) == "lm_warden" {
+				// What the Caddy module does with the usage and timing
+				// of every finished turn, after it released the turn's
+				// slot.
+				routed := t.rec.Start
+				if t.rec.Routed > 0 {
+					routed = t.rec.Routed
+				}
 				s.router.Feedback(placement.Turn{Key: t.slot.sess.ID, Replica: e.id, Reason: t.reason,
-					Prompt: len(t.req.Prompt), Cached: t.req.CachedTokens, Completion: len(t.req.Output)})
+					Prompt: len(t.req.Prompt), Cached: t.req.CachedTokens, Completion: len(t.req.Output),
+					FirstToken: t.rec.FirstToken - routed, Duration: s.now - routed})
 			}
 			sl := t.slot
 			sl.cur = nil

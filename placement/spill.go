@@ -156,7 +156,8 @@ func (r *Router) recompute(e int32, q *replica, tokens int) int64 {
 
 // pays decides whether the turn of entry e on from, over the threshold,
 // moves to q: its expected wait on from must exceed spillFactor times its
-// expected wait on q, recomputing its history there, by SpillMargin. It records the decision
+// expected wait on q, recomputing its history there, by SpillMargin, and
+// q's KV cache must have room for that history. It records the decision
 // for Snapshot and returns the estimate.
 func (r *Router) pays(e int32, from, q *replica, tokens int, now int64) (SpillCost, bool) {
 	ctx := r.recompute(e, q, tokens)
@@ -166,10 +167,22 @@ func (r *Router) pays(e int32, from, q *replica, tokens int, now int64) (SpillCo
 		At: time.Unix(0, now), From: from.id, To: q.id, Context: int(ctx),
 		Stay: time.Duration(stay * 1e9), Move: time.Duration(move * 1e9),
 	}
-	c.Moved = stay > move*spillFactor+r.cfg.SpillMargin.Seconds()
+	c.Moved = stay > move*spillFactor+r.cfg.SpillMargin.Seconds() && r.room(q, ctx)
 	r.spillLog[r.spillN%recentSpills] = c
 	r.spillN++
 	return c, c.Moved
+}
+
+// room reports whether q's KV cache, by its engine's gauge, has room for
+// tokens more: a history moved onto a replica without it evicts the caches
+// of the conversations there and waits for blocks anyway, so it does not
+// move. An unknown gauge or capacity is no information: room is assumed.
+func (r *Router) room(q *replica, tokens int64) bool {
+	capacity := r.capacity(q)
+	if capacity <= 0 || !q.kvKnown() {
+		return true
+	}
+	return float64(tokens) <= (1-q.kv())*float64(capacity)
 }
 
 // learn updates p's prefill rate and turn time from a finished turn

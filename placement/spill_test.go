@@ -107,6 +107,17 @@ func TestSpillCost(t *testing.T) {
 			want: "r0", reason: ReasonStayedOverloaded,
 		},
 		{
+			name: "no room in the target's KV cache for the history: stays",
+			n:    2, cfg: Config{SpillThreshold: 2, KVTokens: 40000, AdmissionOff: true},
+			setup: func(t *testing.T, r *Router) {
+				bindTo(t, r, "k", "r0", t0)
+				r.UpdateLoad("r0", queued(3, 6))
+				r.UpdateLoad("r1", Load{Running: 1, KVUsage: 0.9, Reachable: true})
+			},
+			req:  Request{Key: "k", Tokens: 8000},
+			want: "r0", reason: ReasonSpillDeclined,
+		},
+		{
 			name: "a wider margin keeps the turn",
 			n:    2, cfg: Config{SpillThreshold: 2, SpillMargin: time.Minute},
 			setup: func(t *testing.T, r *Router) {

@@ -28,7 +28,7 @@ type Turn struct {
 
 // Feedback records what the engine delivered for a finished turn and checks
 // it against the binding's prediction. A turn that stayed on its replica
-// (ReasonSticky, ReasonStayedOverloaded) is predicted to find the previous
+// (ReasonSticky, ReasonStayedOverloaded, ReasonSpillDeclined) is predicted to find the previous
 // turn's prompt cached, minus one block (vLLM caches full blocks and always
 // computes the last prompt token); never more than its own prompt minus a
 // block, since a client may send a shorter history than before. The
@@ -60,7 +60,7 @@ func (r *Router) Feedback(t Turn) (predicted int, cold bool) {
 		return 0, false
 	}
 	p.learn(t)
-	if base := min(int(en.prompt), t.Prompt); (t.Reason == ReasonSticky || t.Reason == ReasonStayedOverloaded) && base > DefaultBlockTokens {
+	if base := min(int(en.prompt), t.Prompt); (t.Reason == ReasonSticky || t.Reason == ReasonStayedOverloaded || t.Reason == ReasonSpillDeclined) && base > DefaultBlockTokens {
 		predicted = base - DefaultBlockTokens
 		got := min(t.Cached, predicted)
 		p.measured++
@@ -77,7 +77,7 @@ func (r *Router) Feedback(t Turn) (predicted int, cold bool) {
 	}
 	en.flags &^= flagEstimated
 	en.ctx = uint32(min(t.Prompt+max(t.Completion, 0), 1<<32-1))
-	if t.Reason != ReasonSticky && t.Reason != ReasonStayedOverloaded {
+	if t.Reason != ReasonSticky && t.Reason != ReasonStayedOverloaded && t.Reason != ReasonSpillDeclined {
 		en.shared = uint32(min(t.Cached, t.Prompt))
 		if t.Reason == ReasonPlaced && en.shared > 0 {
 			p.base = en.shared // what a new conversation shares here

@@ -30,6 +30,21 @@ const (
 	// is assumed to grow to (see Router.peak).
 	peakQuantile = 0.9
 	peakTurns    = 128 // recent turns kept for it
+	// hitsDecay is the weight of a returning turn in a replica's hit rate
+	// (the share of its predicted cached prefix the engine delivered).
+	hitsDecay = 0.1
+	// HitsHigh: at this hit rate of its returning turns or more, a replica
+	// keeps its conversations' caches; below HitsLow (hits falling) it
+	// evicts them (see calibrate and Overcommitted).
+	HitsHigh = 0.9
+	HitsLow  = 0.75
+	// calibrateRatio: the working-set estimate is corrected when it
+	// exceeds this many times the KV the engine reports in use.
+	calibrateRatio = 1.5
+	// calibrateStep is how far one poll shrinks (or grows back) a
+	// replica's resident-time scale; minResidentScale is its floor.
+	calibrateStep    = 0.9
+	minResidentScale = 0.05
 )
 
 // ErrQueueFull is returned by Admit when a new conversation fits no replica
@@ -172,7 +187,20 @@ func (r *Router) resident(en *entry) int64 {
 	default:
 		return w
 	}
-	return min(w, max(w/minResidentShare, residentGaps*g*int64(time.Millisecond)))
+	t := min(w, max(w/minResidentShare, residentGaps*g*int64(time.Millisecond)))
+	if sc := r.reps[en.rep].residentScale(); sc < 1 {
+		t = int64(float64(t) * sc)
+	}
+	return t
+}
+
+// residentScale is the factor calibrate applies to the time p's quiet
+// conversations count (1 until calibrated).
+func (p *replica) residentScale() float64 {
+	if p.scale <= 0 {
+		return 1
+	}
+	return p.scale
 }
 
 // workingSet is p's resident working set at now, in tokens: the footprints
@@ -206,11 +234,11 @@ func (r *Router) residentSet(p *replica, now int64) (own, shared int64) {
 }
 
 // fits reports whether a new conversation of est tokens may be placed on p
-// at now: p holds nothing yet, or it has not reached the high-water mark
-// since it last fell below the low-water mark and est fits under it. The
-// part p already shares among its conversations (the system prompt) is
-// assumed shared by the new one too, up to half of est. It updates p's
-// hysteresis state. r.mu held.
+// at now: p sits idle by its engine's figures (see idle), holds nothing
+// yet, or it has not reached the high-water mark since it last fell below
+// the low-water mark and est fits under it. The part p already shares
+// among its conversations (the system prompt) is assumed shared by the new
+// one too, up to half of est. It updates p's hysteresis state. r.mu held.
 func (r *Router) fits(p *replica, est int64, now int64) bool {
 	c := r.capacity(p)
 	if c <= 0 {
@@ -220,7 +248,111 @@ func (r *Router) fits(p *replica, est int64, now int64) bool {
 	ws := own + base
 	est = max(est-min(base, est/2), r.peak())
 	high := r.markFull(p, ws, c)
-	return ws == 0 || (!p.full && ws+est <= high)
+	return ws == 0 || r.idle(p) || (!p.full && ws+est <= high)
+}
+
+// idle reports whether p sits idle by the engine's own figures: nothing
+// in flight to it through this router, nothing waiting in its engine, and
+// the engine's KV gauge below the high-water mark. An idle replica takes a
+// new conversation whatever the working-set estimate says: the estimate
+// predicts evictions of paused conversations' caches, which may not
+// happen, while a conversation held back from an idle replica loses its
+// compute time for certain. A figure the engine does not export vetoes
+// nothing. The router's in-flight count covers the poll's lag: once a
+// conversation was placed there, the replica is no longer idle. r.mu held.
+func (r *Router) idle(p *replica) bool {
+	if p.inflight.Load() != 0 {
+		return false
+	}
+	if p.waitingKnown() && p.waiting() > 0 {
+		return false
+	}
+	return !p.kvKnown() || p.kv() < r.cfg.HighWater
+}
+
+// oversize reports whether a new conversation of est tokens fits no
+// usable replica even with nothing else resident: over the high-water
+// mark of every replica's capacity. It is placed at once on the emptiest
+// replica (see emptiest) rather than waiting for room that cannot appear.
+// r.mu held.
+func (r *Router) oversize(est int64) bool {
+	found := false
+	for _, i := range r.order {
+		p := r.reps[i]
+		if !r.usable(p) {
+			continue
+		}
+		found = true
+		c := r.capacity(p)
+		if c <= 0 || est-min(int64(p.base), est/2) <= int64(r.cfg.HighWater*float64(c)) {
+			return false
+		}
+	}
+	return found
+}
+
+// emptiest returns the usable replica with the least KV in use, by the
+// engine's gauge where known, else by the working set, ties to the best
+// score; nil when none is usable. r.mu held.
+func (r *Router) emptiest(now int64) *replica {
+	var best *replica
+	var bUsed int64
+	for _, i := range r.order {
+		p := r.reps[i]
+		if !r.usable(p) {
+			continue
+		}
+		used := r.workingSet(p, now)
+		if p.kvKnown() {
+			used = int64(p.kv() * float64(r.capacity(p)))
+		}
+		if best == nil || used < bUsed {
+			best, bUsed = p, used
+		}
+	}
+	return best
+}
+
+// engineKV is the KV p's engine reports in use, in tokens: its gauge times
+// its capacity; -1 when either is unknown. r.mu held.
+func (r *Router) engineKV(p *replica) int64 {
+	c := r.capacity(p)
+	if c <= 0 || !p.kvKnown() {
+		return -1
+	}
+	return int64(p.kv() * float64(c))
+}
+
+// calibrate checks p's working-set estimate against its engine after a
+// poll at now. When the estimate exceeds calibrateRatio times the KV the
+// engine reports in use while the conversations returning there find
+// their caches (hits at HitsHigh or more) and nothing waits in the
+// engine, the estimate overstates what the replica must keep: the time a
+// quiet conversation counts (resident) shrinks by calibrateStep. When the
+// hits fall below HitsLow or requests wait, it grows back toward the
+// learned pauses. r.mu held.
+func (r *Router) calibrate(p *replica, now int64) {
+	p.scale = p.residentScale()
+	waiting := p.waitingKnown() && p.waiting() > 0
+	switch {
+	case waiting || (p.hitsN > 0 && p.hits < HitsLow):
+		p.scale = min(1, p.scale/calibrateStep)
+	case p.hitsN > 0 && p.hits >= HitsHigh:
+		if kv := r.engineKV(p); kv >= 0 && float64(r.workingSet(p, now)) > calibrateRatio*float64(kv) {
+			p.scale = max(minResidentScale, p.scale*calibrateStep)
+		}
+	}
+}
+
+// hit records the share of its predicted cached prefix a returning turn
+// on p found. r.mu held.
+func (p *replica) hit(share float64) {
+	if p.hitsN == 0 {
+		p.hits = share
+	} else {
+		p.hits += (share - p.hits) * hitsDecay
+	}
+	p.hitsN++
 }
 
 // markFull updates p's hysteresis state (full) for its working set ws of
@@ -266,10 +398,12 @@ func (r *Router) arrive(e int32, tokens int, now int64) {
 }
 
 // hold counts the turn routed to p as in flight for the working set of
-// the conversation of entry e. r.mu held.
+// the conversation of entry e. It does whether admission is on or off, so
+// the working set means the same in both and admission switched on starts
+// from what was learned. r.mu held.
 func (r *Router) hold(p *replica, e int32, s *slot) {
 	s.ent = nilIdx
-	if !r.admit || e == nilIdx {
+	if e == nilIdx {
 		return
 	}
 	en := &r.b.ents[e]
@@ -482,6 +616,12 @@ func (r *Router) admitQueued(now int64) int {
 			n++
 			continue
 		}
+		if r.oversize(t.est) {
+			r.oversized++
+			r.admitTicket(t, r.emptiest(now), now, false)
+			n++
+			continue
+		}
 		p, fitted := r.bestFor(now, t.est)
 		if !fitted {
 			break
@@ -546,14 +686,30 @@ type AdmissionSnapshot struct {
 	// admitted ones waited.
 	Queued, AdmittedAfterWait, AdmittedAtLimit, Refused, Cancelled uint64
 	WaitedTotal                                                    time.Duration
-	// The replicas' working sets and KV capacities, summed.
-	WorkingSetTokens, CapacityTokens int64
+	// Oversized counts the new conversations placed at once on the
+	// emptiest replica because they fit none even empty.
+	Oversized uint64
+	// The replicas' working sets and KV capacities, summed, and the KV
+	// their engines report in use (EngineKVTokens, -1 when no engine
+	// exports its gauge).
+	WorkingSetTokens, CapacityTokens, EngineKVTokens int64
+	// Strained: an engine confirms the pressure: requests wait in it, or
+	// the turns returning to it find less than HitsLow of their cache.
+	Strained bool
 }
 
 // Overcommitted reports whether the active conversations (resident and
-// waiting) hold more context than the replicas cache.
+// waiting) hold more context than the replicas cache and an engine's
+// figures confirm it (Strained): an estimate the engines contradict (their
+// caches keep the conversations, nothing waits) is no reason to warn.
 func (a AdmissionSnapshot) Overcommitted() bool {
-	return a.CapacityTokens > 0 && a.WorkingSetTokens+a.WaitingTokens > a.CapacityTokens
+	return a.Strained && a.CapacityTokens > 0 && a.WorkingSetTokens+a.WaitingTokens > a.CapacityTokens
+}
+
+// strained reports whether p's engine confirms KV pressure (see
+// AdmissionSnapshot.Strained). r.mu held.
+func (p *replica) strained() bool {
+	return (p.waitingKnown() && p.waiting() > 0) || (p.hitsN > 0 && p.hits < HitsLow)
 }
 
 // Admission returns the state of working-set admission, with the
@@ -565,8 +721,7 @@ func (r *Router) Admission() AdmissionSnapshot {
 	a := r.admissionSnapshot()
 	for _, i := range r.order {
 		p := r.reps[i]
-		a.WorkingSetTokens += r.workingSet(p, r.clock)
-		a.CapacityTokens += r.capacity(p)
+		a.add(r.workingSet(p, r.clock), r.capacity(p), r.engineKV(p), p.strained())
 	}
 	return a
 }
@@ -580,10 +735,21 @@ func (r *Router) admissionSnapshot() AdmissionSnapshot {
 		HighWater: r.cfg.HighWater, Window: r.cfg.AdmitWindow, Wait: r.cfg.AdmitWait, QueueLimit: r.cfg.AdmitQueue,
 		Waiting: len(r.queue), Queued: r.queued, AdmittedAfterWait: r.admittedAfterWait,
 		AdmittedAtLimit: r.admittedAtLimit, Refused: r.refused, Cancelled: r.cancelled,
-		WaitedTotal: time.Duration(r.waitedNanos),
+		WaitedTotal: time.Duration(r.waitedNanos), Oversized: r.oversized, EngineKVTokens: -1,
 	}
 	for _, t := range r.queue {
 		a.WaitingTokens += t.est
 	}
 	return a
+}
+
+// add sums one replica's working set ws, capacity c and engine's KV in
+// use kv (-1 unknown) into a; strained says its engine confirms pressure.
+func (a *AdmissionSnapshot) add(ws, c, kv int64, strained bool) {
+	a.WorkingSetTokens += ws
+	a.CapacityTokens += c
+	if kv >= 0 {
+		a.EngineKVTokens = max(a.EngineKVTokens, 0) + kv
+	}
+	a.Strained = a.Strained || strained
 }

@@ -67,6 +67,7 @@ func (r *Router) Feedback(t Turn) (predicted int, cold bool) {
 		p.measured++
 		p.predicted += uint64(predicted)
 		p.delivered += uint64(got)
+		p.hit(float64(got) / float64(predicted))
 		cold = t.Cached < predicted/2
 	}
 	en.prompt = uint32(min(t.Prompt, 1<<32-1))

@@ -278,6 +278,11 @@ type replica struct {
 	// its first turn: the part conversations share here (the system
 	// prompt), held once (admission)
 	base uint32
+	// calibration of the working set against the engine (calibrate):
+	// the hit rate of the turns returning here (hits, over hitsN turns)
+	// and the scale of the time quiet conversations count (0 = 1)
+	hits, scale float64
+	hitsN       uint64
 }
 
 func (p *replica) running() int {
@@ -342,6 +347,7 @@ type Router struct {
 	queue                                                          []*Ticket
 	lastFirst                                                      int // context of the last first turn measured
 	queued, admittedAfterWait, admittedAtLimit, refused, cancelled uint64
+	oversized                                                      uint64 // placed at once: fitted no replica even empty
 	waitedNanos                                                    uint64
 	turnFP                                                         recent // footprints of recent turns (peak)
 	gaps                                                           recent // recent pauses between turns, in milliseconds
@@ -518,6 +524,9 @@ func (r *Router) UpdateLoad(id string, l Load) {
 			p.polled = p.polled || l.Reachable
 			r.refreshAdmission()
 		}
+		if l.Reachable {
+			r.calibrate(p, r.clock)
+		}
 	}
 	r.mu.Unlock()
 }
@@ -657,9 +666,7 @@ func (r *Router) route(req Request, queue bool) (Decision, *Ticket, error) {
 			return d, nil, err
 		}
 	}
-	if r.admit {
-		r.arrive(e, req.Tokens, now)
-	}
+	r.arrive(e, req.Tokens, now) // learnt with admission off too
 	if again {
 		// the conversation was compacted or cleared and continues with
 		// the new start: its old prefix buys nothing
@@ -740,10 +747,7 @@ func (r *Router) overThreshold(e int32, bound *replica, tokens int, now int64) D
 // fits, and when it fits nowhere it waits (queue) or goes to the best
 // replica anyway. A sub-agent never waits: its parent was admitted.
 func (r *Router) placeNew(req Request, h, parent uint64, now int64, queue bool) (Decision, *Ticket, error) {
-	var est int64
-	if r.admit {
-		est = r.estimate(req.Tokens)
-	}
+	est := r.estimate(req.Tokens)
 	var p *replica
 	sub := false
 	if req.Parent != "" {
@@ -768,14 +772,18 @@ func (r *Router) placeNew(req Request, h, parent uint64, now int64, queue bool) 
 		if p, fitted = r.bestFor(now, est); p == nil {
 			return Decision{}, nil, ErrNoReplica
 		}
-		if queue && !fitted {
+		if r.admit && !fitted && r.oversize(est) {
+			// it fits no replica even empty: waiting buys nothing
+			if q := r.emptiest(now); q != nil {
+				p = q
+			}
+			r.oversized++
+		} else if queue && !fitted {
 			return r.queueNew(req, h, est, now)
 		}
 	}
 	e := r.insert(h, p, now, req.Start)
-	if r.admit {
-		r.estimated(e, est)
-	}
+	r.estimated(e, est)
 	p.addBacklog(int64(req.Tokens)-int64(p.base), now)
 	p.placed++
 	return r.take(p, ReasonPlaced, e), nil, nil
@@ -1090,6 +1098,14 @@ type ReplicaSnapshot struct {
 	// mark and takes no new conversation until below the low-water mark.
 	WorkingSet, Capacity int64
 	Full                 bool
+	// The working set's check against the engine: the KV the engine
+	// reports in use (its gauge times the capacity; -1 when unknown), the
+	// share of their predicted cache the turns returning here found
+	// (recent, 0 before any), and the scale calibration applies to the
+	// time quiet conversations count (1: none).
+	EngineKV      int64
+	Hits          float64
+	ResidentScale float64
 
 	// The spill cost model's figures: the prefill rate learned from the
 	// turns here, in tokens per second, and the mean time from routing to
@@ -1157,11 +1173,11 @@ func (r *Router) Snapshot() Snapshot {
 			MeasuredTurns: p.measured, PredictedTokens: p.predicted, DeliveredTokens: p.delivered,
 			Bindings: p.bindings, Active: p.active, Load: p.load,
 			WorkingSet: ws, Capacity: c, Full: p.full,
+			EngineKV: r.engineKV(p), Hits: p.hits, ResidentScale: p.residentScale(),
 			PrefillRate: p.cost.rate, TurnTime: time.Duration(p.cost.turn * 1e9),
 		})
 		row := &s.Replicas[len(s.Replicas)-1]
-		s.Admission.WorkingSetTokens += row.WorkingSet
-		s.Admission.CapacityTokens += row.Capacity
+		s.Admission.add(row.WorkingSet, row.Capacity, row.EngineKV, p.strained())
 	}
 	slices.SortFunc(s.Replicas, func(a, b ReplicaSnapshot) int {
 		switch {

@@ -419,6 +419,14 @@ type ReplicaRow struct {
 	WorkingSetTokens int64  `json:"working_set_tokens"`
 	KVCapacityTokens *int64 `json:"kv_capacity_tokens"`
 	Full             bool   `json:"full"`
+	// The working set's check against the engine: the KV the engine
+	// reports in use (kv_cache_usage_perc × capacity; null when unknown),
+	// the share of their predicted cache the turns returning here found
+	// lately (null before one), and the factor calibration applies to the
+	// time quiet conversations count (1: none).
+	EngineKVTokens *int64   `json:"engine_kv_tokens"`
+	RecentHits     *float64 `json:"recent_hits"`
+	ResidentScale  float64  `json:"resident_scale"`
 }
 
 // TokenCount is prompt tokens split by where they came from, and generated
@@ -482,6 +490,13 @@ func buildCard(m *modelState, now time.Time) Card {
 		if r.PrefillRate > 0 {
 			row.PrefillRate = optional(r.PrefillRate)
 		}
+		if r.EngineKV >= 0 {
+			row.EngineKVTokens = optional(r.EngineKV)
+		}
+		if r.MeasuredTurns > 0 {
+			row.RecentHits = optional(r.Hits)
+		}
+		row.ResidentScale = r.ResidentScale
 		if r.PredictedTokens > 0 {
 			row.DeliveredShare = optional(r.DeliveredShare())
 		}

@@ -16,19 +16,46 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/lmwarden/caddy-lmwarden/emulator"
 	"github.com/lmwarden/caddy-lmwarden/placement"
 )
 
 // admissionSite starts one emulated replica behind Caddy with admission
 // sized so that one resident conversation leaves no room for a second of
-// bigTurn's size: kv_tokens 1000, and a conversation stays resident for
+// bigTurn's size: kv_tokens 3000, and a conversation stays resident for
 // admit_window 10m after its turn. extra goes into the policy block.
-func admissionSite(t *testing.T, model, extra, proxyExtra string) string {
+func admissionSite(t *testing.T, model, extra, proxyExtra string) (*emulator.Server, string) {
 	t.Helper()
-	_, dials := startEmulator(t, 1, 50)
+	emu, dials := startEmulator(t, 1, 50)
 	loadSite(t, admissionConfig(dials[0], model, extra, proxyExtra))
 	waitFor(t, "admission in force", func() bool { return getCard(t, model).Admission.Active })
-	return dials[0]
+	return emu, dials[0]
+}
+
+// occupy keeps the only replica of emu busy with a long turn of the
+// admitted conversation id (its engine slowed down), so that it is not
+// idle and admission holds new conversations by their working set; an idle
+// replica takes them at once. The returned func lets the engine run at its
+// speed again and waits for the turn's answer.
+func occupy(t *testing.T, emu *emulator.Server, model, id string) (done func()) {
+	t.Helper()
+	if err := emu.SetSlow(0, 3000); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := json.Marshal(map[string]any{
+		"model": "qwen3-4b", "max_tokens": 4000,
+		"messages": []map[string]any{{"role": "user", "content": id + ": go on"}},
+	})
+	res := postAsync(context.Background(), "/v1/messages", string(b), session(id))
+	waitFor(t, id+" in flight", func() bool { return getCard(t, model).InFlight > 0 })
+	return func() {
+		_ = emu.SetSlow(0, 1)
+		select {
+		case <-res:
+		case <-time.After(20 * time.Second):
+			t.Errorf("%s's long turn not answered 20 s after the engine sped up", id)
+		}
+	}
 }
 
 // admissionConfig is admissionSite's site body.
@@ -39,7 +66,7 @@ func admissionConfig(dial, model, extra, proxyExtra string) string {
 		lb_policy lm_warden {
 			model %s
 			poll_interval 100ms
-			kv_tokens 1000
+			kv_tokens 3000
 			admit_window 10m
 			%s
 		}
@@ -49,8 +76,8 @@ func admissionConfig(dial, model, extra, proxyExtra string) string {
 }
 
 // bigTurn is a conversation's first request of about 2,000 estimated
-// tokens: it fits an empty 1,000-token replica (anything does) but never
-// beside another conversation.
+// tokens: it fits an empty 3,000-token replica but never beside another
+// conversation.
 func bigTurn(session string) string {
 	return chatTurnBody(session, strings.Repeat("Please look at this file and fix the bug. ", 150))
 }
@@ -99,18 +126,19 @@ func waitingNow(t *testing.T, model string) int { return getCard(t, model).Admis
 // lets it through, and it is answered.
 func TestAdmissionHoldsNewConversations(t *testing.T) {
 	const model = "adm-hold"
-	admissionSite(t, model, "admit_queue 1", "")
+	emu, _ := admissionSite(t, model, "admit_queue 1", "")
 	first := sendTurn(t, "/v1/messages", bigTurn("A"), session("A"))
 	if first.status != 200 || first.reason != "placed" {
 		t.Fatalf("A: %d %s %s", first.status, first.reason, first.body)
 	}
+	done := occupy(t, emu, model, "A")
 	held := postAsync(context.Background(), "/v1/messages", bigTurn("B"), session("B"))
 	waitFor(t, "B waiting", func() bool { return waitingNow(t, model) == 1 })
 
-	// a turn of the admitted conversation never waits
-	if r := sendTurn(t, "/v1/messages", bigTurn("A"), session("A")); r.status != 200 || r.reason != "sticky" {
-		t.Fatalf("A's next turn while B waits: %d %s", r.status, r.reason)
-	}
+	// a turn of the admitted conversation never waits: it goes to the
+	// (slowed) engine at once, beside A's long turn
+	next := postAsync(context.Background(), "/v1/messages", bigTurn("A"), session("A"))
+	waitFor(t, "A's next turn in flight", func() bool { c := getCard(t, model); return c.InFlight == 2 && c.Admission.Waiting == 1 })
 
 	// the queue is full: refused, with Retry-After, in each API's format
 	for _, tc := range []struct {
@@ -144,13 +172,17 @@ func TestAdmissionHoldsNewConversations(t *testing.T) {
 	default:
 	}
 
-	// room: A is unpinned; B goes on and is answered
+	// room: A is unpinned and its turns end; B goes on and is answered
 	req, _ := http.NewRequest(http.MethodDelete, fmt.Sprintf("http://localhost:%d/lm-warden/models/%s/sessions/A", testAdminPort, model), nil)
 	resp, err := testClient.Do(req)
 	if err != nil || resp.StatusCode != 200 {
 		t.Fatalf("unpinning A: %v %v", resp, err)
 	}
 	resp.Body.Close()
+	done()
+	if r := <-next; r.status != 200 || r.reason != "sticky" {
+		t.Fatalf("A's next turn while B waited: %d %s", r.status, r.reason)
+	}
 	select {
 	case r := <-held:
 		if r.status != 200 || r.reason != "placed" {
@@ -201,12 +233,16 @@ func admissionSiteReload(t *testing.T, model string) {
 // on the best replica anyway, and answered.
 func TestAdmissionWaitLimit(t *testing.T) {
 	const model = "adm-limit"
-	admissionSite(t, model, "admit_wait 300ms", "")
+	emu, _ := admissionSite(t, model, "admit_wait 300ms", "")
 	if r := sendTurn(t, "/v1/messages", bigTurn("A"), session("A")); r.status != 200 {
 		t.Fatalf("A: %d", r.status)
 	}
+	done := occupy(t, emu, model, "A")
 	start := time.Now()
-	r := sendTurn(t, "/v1/chat/completions", bigTurn("B"), session("B"))
+	b := postAsync(context.Background(), "/v1/chat/completions", bigTurn("B"), session("B"))
+	waitFor(t, "B admitted at admit_wait", func() bool { return getCard(t, model).Admission.AdmittedAtLimit == 1 })
+	done()
+	r := <-b
 	if r.status != 200 || r.reason != "placed" {
 		t.Fatalf("B: %d %s %s", r.status, r.reason, r.body)
 	}
@@ -223,10 +259,11 @@ func TestAdmissionWaitLimit(t *testing.T) {
 // behind.
 func TestAdmissionCancelledLeaveNothing(t *testing.T) {
 	const model = "adm-cancel"
-	admissionSite(t, model, "", "")
+	emu, _ := admissionSite(t, model, "", "")
 	if r := sendTurn(t, "/v1/messages", bigTurn("A"), session("A")); r.status != 200 {
 		t.Fatalf("A: %d", r.status)
 	}
+	done := occupy(t, emu, model, "A")
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
 	settle := func() int {
 		client.CloseIdleConnections()
@@ -281,6 +318,7 @@ func TestAdmissionCancelledLeaveNothing(t *testing.T) {
 		after = settle()
 		return after <= baseline+10
 	})
+	done()
 	a := getCard(t, model).Admission
 	t.Logf("%d requests cancelled by their clients; queued %d, cancelled %d, admitted %d; goroutines %d → %d",
 		cancelledByClient.Load(), a.Queued, a.Cancelled, a.AdmittedAfterWait+a.AdmittedAtLimit, baseline, after)
@@ -319,19 +357,22 @@ func TestAdmissionUnknownCapacity(t *testing.T) {
 // warning, and the Retry-After of a refused request.
 func TestAdmissionTexts(t *testing.T) {
 	wait := 12.5
-	cap36 := int64(36800)
+	cap36, eng12 := int64(36800), int64(12000)
 	for _, tc := range []struct{ name, got, want string }{
 		{"off", uiAdmission(AdmissionRow{}).T, "off"},
 		{"inactive", uiAdmission(AdmissionRow{On: true, Why: "no replicas"}).T, "not in force: no replicas"},
 		{"waiting", uiAdmission(AdmissionRow{On: true, Active: true, Waiting: 3, MeanWaitS: &wait, Refused: 2}).T, "on · 3 waiting (mean wait 12.5 s) · 2 refused"},
-		{"working set", uiWorkingSet(31200, &cap36, true).T, "31.2 k of 36.8 k (84.8%) · full"},
-		{"working set, capacity unknown", uiWorkingSet(900, nil, false).T, "900 of unknown"},
-		{"warning", overcommitMessage(placement.AdmissionSnapshot{On: true, Active: true, Waiting: 9,
+		{"working set", uiWorkingSet(31200, &cap36, nil, true).T, "31.2 k of 36.8 k (84.8%) · full"},
+		{"working set beside the engine's", uiWorkingSet(31200, &cap36, &eng12, false).T, "31.2 k of 36.8 k (84.8%) · engine 12 k"},
+		{"working set, capacity unknown", uiWorkingSet(900, nil, nil, false).T, "900 of unknown"},
+		{"warning", overcommitMessage(placement.AdmissionSnapshot{On: true, Active: true, Waiting: 9, Strained: true,
 			WorkingSetTokens: 250000, WaitingTokens: 62000, CapacityTokens: 147200}),
 			"active conversations hold 312k tokens; the replicas cache 147k: expect low cache hits, admission is holding 9 conversations"},
-		{"warning, admission off", overcommitMessage(placement.AdmissionSnapshot{WorkingSetTokens: 200000, CapacityTokens: 147200}),
+		{"warning, admission off", overcommitMessage(placement.AdmissionSnapshot{WorkingSetTokens: 200000, CapacityTokens: 147200, Strained: true}),
 			"active conversations hold 200k tokens; the replicas cache 147k: expect low cache hits; admission is off"},
-		{"no warning when it fits", overcommitMessage(placement.AdmissionSnapshot{WorkingSetTokens: 100000, CapacityTokens: 147200}), ""},
+		{"no warning when it fits", overcommitMessage(placement.AdmissionSnapshot{WorkingSetTokens: 100000, CapacityTokens: 147200, Strained: true}), ""},
+		// the estimate alone, with the engines keeping the caches and nothing waiting
+		{"no warning the engines do not confirm", overcommitMessage(placement.AdmissionSnapshot{WorkingSetTokens: 741000, CapacityTokens: 262000}), ""},
 		{"retry after: mean wait", fmt.Sprint(retryAfter(placement.AdmissionSnapshot{Wait: 5 * time.Minute, AdmittedAfterWait: 4, WaitedTotal: 42 * time.Second})), "11"},
 		// longer than clients wait: Claude Code gives up at once on 90 s
 		{"retry after: nothing admitted yet, capped", fmt.Sprint(retryAfter(placement.AdmissionSnapshot{Wait: 5 * time.Minute})), "60"},
@@ -352,7 +393,7 @@ func TestOvercommitLoggedOncePerEpisode(t *testing.T) {
 	core, logs := observer.New(zap.InfoLevel)
 	m := newModelState("overcommit", placement.Config{})
 	m.logger = zap.New(core)
-	over := placement.AdmissionSnapshot{On: true, Active: true, Waiting: 2, WorkingSetTokens: 200000, CapacityTokens: 147200}
+	over := placement.AdmissionSnapshot{On: true, Active: true, Waiting: 2, Strained: true, WorkingSetTokens: 200000, CapacityTokens: 147200}
 	fits := placement.AdmissionSnapshot{On: true, Active: true, WorkingSetTokens: 100000, CapacityTokens: 147200}
 	for _, a := range []placement.AdmissionSnapshot{fits, over, over, over, fits, fits, over} {
 		m.checkOvercommit(a)
@@ -384,14 +425,20 @@ func TestAdmissionWithSharedStore(t *testing.T) {
 		s.router.UpdateLoad(id, placement.Load{Reachable: true})
 	}
 	now := time.Now()
-	// one resident conversation per replica: a fifth does not fit
+	// one conversation in flight per replica: a fifth does not fit
+	var turns []placement.Decision
 	for i := range 4 {
 		d, tk, err := m.route(placement.Request{Key: fmt.Sprint("a", i), Tokens: 900, Now: now})
 		if err != nil || tk != nil {
 			t.Fatalf("a%d: ticket %v, %v", i, tk, err)
 		}
-		d.ReleaseAt(now)
+		turns = append(turns, d)
 	}
+	defer func() {
+		for _, d := range turns {
+			d.Release()
+		}
+	}()
 	req := placement.Request{Key: "held", Tokens: 900, Now: now}
 	_, tk, err := m.route(req)
 	if err != nil || tk == nil {
@@ -402,7 +449,8 @@ func TestAdmissionWithSharedStore(t *testing.T) {
 	if n, _ := s.rdb.Exists(ctx, key).Result(); n != 0 {
 		t.Fatal("the store holds a binding for a conversation still waiting")
 	}
-	m.router.Unbind("a2") // room on one replica
+	m.router.Unbind("a2") // room on one replica: a2 gone, its turn ended
+	turns[2].ReleaseAt(now)
 	<-tk.Ready()
 	d, err := tk.Decision()
 	if err != nil {

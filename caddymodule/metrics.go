@@ -74,6 +74,9 @@ var (
 	descWorkingSet = prometheus.NewDesc("lm_warden_replica_working_set_tokens",
 		"Context held on the replica by its active conversations (in flight or recently used), each counted at what conversations grow to, as admission counts it.",
 		[]string{"model", "replica"}, nil)
+	descEngineKV = prometheus.NewDesc("lm_warden_replica_engine_kv_tokens",
+		"KV the replica's engine reports in use (kv_cache_usage_perc × its KV capacity), beside the working set admission estimates; no sample when unknown.",
+		[]string{"model", "replica"}, nil)
 	descKVCapacity = prometheus.NewDesc("lm_warden_replica_kv_capacity_tokens",
 		"The replica's KV cache in tokens (vllm:cache_config_info blocks × block size, or kv_tokens); no sample when unknown.",
 		[]string{"model", "replica"}, nil)
@@ -116,7 +119,7 @@ func (collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descRequests, descInFlight, descBindings, descReplicaBindings,
 		descPrompt, descGenerated, descUnmeasured, descRunning, descWaiting, descKV, descHit,
 		descReachable, descPollErrors, descAvailable, descOut, descProxyFailures,
-		descStickyCached, descColdMarked, descEnded, descWorkingSet, descKVCapacity,
+		descStickyCached, descColdMarked, descEnded, descWorkingSet, descEngineKV, descKVCapacity,
 		descAdmissionActive, descAdmissionWaiting, descAdmissionQueued, descAdmissionAdmitted,
 		descAdmissionRefused, descAdmissionCancelled} {
 		ch <- d
@@ -187,6 +190,9 @@ func (collector) Collect(ch chan<- prometheus.Metric) {
 			gauge(descWorkingSet, float64(r.WorkingSet), m.name, r.ID)
 			if r.Capacity > 0 {
 				gauge(descKVCapacity, float64(r.Capacity), m.name, r.ID)
+			}
+			if r.EngineKV >= 0 {
+				gauge(descEngineKV, float64(r.EngineKV), m.name, r.ID)
 			}
 		}
 		for id, t := range m.acct.Totals() {

@@ -212,7 +212,7 @@ func buildCardView(doc Card, now time.Time) uiCardView {
 				"cold_replaced":  uiCount(r.ColdReplaced),
 				"ended":          uiCount(r.Ended),
 				"bindings":       {V: r.Bindings, T: humanize.Comma(int64(r.Bindings)) + " (" + humanize.Comma(int64(r.Active)) + " active)"},
-				"working_set":    uiWorkingSet(r.WorkingSetTokens, r.KVCapacityTokens, r.Full),
+				"working_set":    uiWorkingSet(r.WorkingSetTokens, r.KVCapacityTokens, r.EngineKVTokens, r.Full),
 				"state":          state,
 			},
 		})
@@ -258,14 +258,18 @@ func uiAdmission(a AdmissionRow) uiVal {
 	return uiVal{V: a.Waiting, T: t}
 }
 
-// uiWorkingSet renders a replica's working set against its KV capacity:
-// "31.2 k of 36.8 k (85%)", with "full" while it takes no new conversation.
-func uiWorkingSet(ws int64, capacity *int64, full bool) uiVal {
+// uiWorkingSet renders a replica's working set against its KV capacity
+// and the KV its engine reports in use: "31.2 k of 36.8 k (85%) · engine
+// 12 k", with "full" while it takes no new conversation.
+func uiWorkingSet(ws int64, capacity, engine *int64, full bool) uiVal {
 	t := uiTokenCount(uint64(max(ws, 0))).T
 	if capacity == nil {
 		return uiVal{V: ws, T: t + " of unknown"}
 	}
 	t += " of " + uiTokenCount(uint64(*capacity)).T + " (" + uiPct(float64(ws)/float64(*capacity)).T + ")"
+	if engine != nil {
+		t += " · engine " + uiTokenCount(uint64(max(*engine, 0))).T
+	}
 	if full {
 		t += " · full"
 	}

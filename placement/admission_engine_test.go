@@ -1,0 +1,195 @@
+package placement
+
+import (
+	"testing"
+	"time"
+)
+
+// TestAdmissionAgreesWithEngine covers the rules by which the engine's own
+// figures overrule the working-set estimate: an idle replica takes a new
+// conversation, an oversize one goes to the emptiest replica at once, the
+// working set is learnt with admission off, and the estimate is corrected
+// when the engine contradicts it.
+func TestAdmissionAgreesWithEngine(t *testing.T) {
+	tests := []struct {
+		name string
+		n    int
+		cap  int
+		cfg  Config
+		run  func(t *testing.T, r *Router)
+	}{
+		{
+			name: "an idle replica takes a new conversation the estimate would hold",
+			n:    1, cap: 20000,
+			run: func(t *testing.T, r *Router) {
+				// a conversation that just finished counts in the working
+				// set for the window; the engine is idle
+				d, _ := admitTurn(t, r, "a", 18000, t0)
+				finishTurn(r, "a", d, t0.Add(time.Second), 18000, 0, 100)
+				r.UpdateLoad("r0", Load{Reachable: true, KVTokens: 20000, KVUsage: 0.02})
+				if ws := r.Snapshot().Replicas[0].WorkingSet; ws < 18000 {
+					t.Fatalf("working set %d, want a's 18k still counted", ws)
+				}
+				d2, tk := admitTurn(t, r, "b", 9000, t0.Add(2*time.Second))
+				if tk != nil || d2.Replica != "r0" {
+					t.Fatalf("b on an idle replica: %q, ticket %v; want admitted at once", d2.Replica, tk)
+				}
+				// b is in flight now: the replica is not idle, and c waits
+				if _, tk := admitTurn(t, r, "c", 9000, t0.Add(3*time.Second)); tk == nil {
+					t.Fatal("c admitted beside b in flight and a resident: want a ticket")
+				}
+			},
+		},
+		{
+			name: "a replica whose engine has requests waiting is not idle",
+			n:    1, cap: 20000,
+			run: func(t *testing.T, r *Router) {
+				d, _ := admitTurn(t, r, "a", 18000, t0)
+				finishTurn(r, "a", d, t0.Add(time.Second), 18000, 0, 100)
+				r.UpdateLoad("r0", Load{Reachable: true, KVTokens: 20000, Waiting: 2, Running: 3, KVUsage: 0.9})
+				if _, tk := admitTurn(t, r, "b", 9000, t0.Add(2*time.Second)); tk == nil {
+					t.Fatal("b admitted on a replica with requests waiting in its engine")
+				}
+			},
+		},
+		{
+			name: "a replica whose KV gauge is over the mark is not idle",
+			n:    1, cap: 20000, cfg: Config{HighWater: 0.8},
+			run: func(t *testing.T, r *Router) {
+				d, _ := admitTurn(t, r, "a", 18000, t0)
+				finishTurn(r, "a", d, t0.Add(time.Second), 18000, 0, 100)
+				r.UpdateLoad("r0", Load{Reachable: true, KVTokens: 20000, KVUsage: 0.85})
+				if _, tk := admitTurn(t, r, "b", 9000, t0.Add(2*time.Second)); tk == nil {
+					t.Fatal("b admitted on a replica whose engine reports its KV over the mark")
+				}
+			},
+		},
+		{
+			name: "waiting conversations go to a replica that turned idle",
+			n:    2, cap: 20000,
+			run: func(t *testing.T, r *Router) {
+				da, _ := admitTurn(t, r, "a", 18000, t0)
+				db, _ := admitTurn(t, r, "b", 18000, t0)
+				_, tc := admitTurn(t, r, "c", 9000, t0)
+				if tc == nil {
+					t.Fatal("c admitted while both replicas are full and busy")
+				}
+				finishTurn(r, "b", db, t0.Add(5*time.Second), 18000, 0, 100)
+				if !isReady(tc) {
+					t.Fatal("c still waits while b's replica is idle")
+				}
+				dc, _ := tc.Decision()
+				if dc.Replica != db.Replica || tc.Waited() != 5*time.Second || tc.Forced() {
+					t.Fatalf("c on %q after %v (forced %v); want %q after 5s", dc.Replica, tc.Waited(), tc.Forced(), db.Replica)
+				}
+				da.Release()
+				dc.Release()
+			},
+		},
+		{
+			name: "a conversation larger than every replica goes to the emptiest at once",
+			n:    2, cap: 10000,
+			run: func(t *testing.T, r *Router) {
+				d0, _ := admitTurn(t, r, "a", 6000, t0)
+				d1, _ := admitTurn(t, r, "b", 3000, t0)
+				r.UpdateLoad(d0.Replica, Load{Reachable: true, KVTokens: 10000, Running: 1, KVUsage: 0.6})
+				r.UpdateLoad(d1.Replica, Load{Reachable: true, KVTokens: 10000, Running: 1, KVUsage: 0.3})
+				d, tk := admitTurn(t, r, "huge", 12211, t0.Add(time.Second))
+				if tk != nil {
+					t.Fatal("a conversation that fits no replica even empty waits")
+				}
+				if d.Replica != d1.Replica {
+					t.Fatalf("oversize conversation on %q, want the emptiest %q", d.Replica, d1.Replica)
+				}
+				if a := r.Snapshot().Admission; a.Oversized != 1 || a.Queued != 0 {
+					t.Fatalf("oversized %d queued %d, want 1 and 0", a.Oversized, a.Queued)
+				}
+			},
+		},
+		{
+			name: "the working set is learnt with admission off, and admission on starts from it",
+			n:    1, cap: 20000, cfg: Config{AdmissionOff: true},
+			run: func(t *testing.T, r *Router) {
+				// a turn, a 10 s pause, a turn: the pause is learnt
+				d, _ := admitTurn(t, r, "a", 8000, t0)
+				finishTurn(r, "a", d, t0.Add(2*time.Second), 8000, 0, 100)
+				d, _ = admitTurn(t, r, "a", 8500, t0.Add(12*time.Second))
+				if got := r.Snapshot().Replicas[0].WorkingSet; got < 8000 {
+					t.Fatalf("working set with admission off %d, want a's turn in flight counted", got)
+				}
+				finishTurn(r, "a", d, t0.Add(14*time.Second), 8500, 8000, 100)
+				// twice a's 10 s pause: still resident at 30 s, gone at 40 s
+				r.Sweep(t0.Add(30 * time.Second))
+				if got := r.Snapshot().Replicas[0].WorkingSet; got == 0 {
+					t.Fatal("a not resident 16 s after its turn, within twice its 10 s pause")
+				}
+				r.Sweep(t0.Add(40 * time.Second))
+				if got := r.Snapshot().Replicas[0].WorkingSet; got != 0 {
+					t.Fatalf("working set %d 26 s after a's turn, want 0 (more than twice its pause)", got)
+				}
+				r.SetAdmission(true)
+				r.UpdateLoad("r0", Load{Reachable: true, KVTokens: 20000, Running: 1, KVUsage: 0.5})
+				if a := r.Snapshot().Admission; !a.Active {
+					t.Fatalf("admission switched on not in force: %s", a.Why)
+				}
+			},
+		},
+		{
+			name: "the estimate shrinks while the engine keeps the caches and nothing waits",
+			n:    1, cap: 20000,
+			run: func(t *testing.T, r *Router) {
+				now := t0
+				d, _ := admitTurn(t, r, "a", 8000, now)
+				finishTurn(r, "a", d, now.Add(time.Second), 8000, 0, 100)
+				for i := 0; i < 5; i++ { // turns that find their cache
+					now = now.Add(10 * time.Second)
+					d, _ = admitTurn(t, r, "a", 8000, now)
+					finishTurn(r, "a", d, now.Add(time.Second), 8000, 7900, 100)
+				}
+				for i := 0; i < 10; i++ {
+					r.UpdateLoad("r0", Load{Reachable: true, KVTokens: 20000, KVUsage: 0.01})
+				}
+				row := r.Snapshot().Replicas[0]
+				if row.Hits < HitsHigh || row.ResidentScale >= 1 || row.EngineKV != 200 {
+					t.Fatalf("hits %.2f scale %.2f engine KV %d; want hits high, the scale shrunk, 200 tokens", row.Hits, row.ResidentScale, row.EngineKV)
+				}
+				if r.Snapshot().Admission.Strained {
+					t.Fatal("strained with hits high and nothing waiting")
+				}
+				// requests waiting: the scale grows back
+				for i := 0; i < 40; i++ {
+					r.UpdateLoad("r0", Load{Reachable: true, KVTokens: 20000, KVUsage: 0.9, Waiting: 1})
+				}
+				if row := r.Snapshot().Replicas[0]; row.ResidentScale != 1 {
+					t.Fatalf("scale %.2f with requests waiting, want 1", row.ResidentScale)
+				}
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tt.run(t, admitRouter(tt.n, tt.cap, tt.cfg))
+		})
+	}
+}
+
+func TestOvercommittedNeedsTheEngine(t *testing.T) {
+	over := AdmissionSnapshot{WorkingSetTokens: 741000, CapacityTokens: 262000}
+	if over.Overcommitted() {
+		t.Error("overcommitted by the estimate alone, with no engine confirming it")
+	}
+	over.Strained = true
+	if !over.Overcommitted() {
+		t.Error("not overcommitted with the estimate over the capacity and an engine strained")
+	}
+	r := admitRouter(1, 20000, Config{})
+	d, _ := admitTurn(t, r, "a", 8000, t0)
+	finishTurn(r, "a", d, t0.Add(time.Second), 8000, 0, 100)
+	for i := 0; i < 4; i++ { // returning turns that find 79 % of their cache
+		d, _ = admitTurn(t, r, "a", 8000, t0.Add(time.Duration(2+i)*time.Second))
+		finishTurn(r, "a", d, t0.Add(time.Duration(2+i)*time.Second), 8000, 6320, 100)
+	}
+	if a := r.Snapshot().Admission; a.Strained {
+		t.Errorf("strained at 79 %% hits (hits %.2f) with nothing waiting", r.Snapshot().Replicas[0].Hits)
+	}
+}

@@ -205,7 +205,10 @@
 // request) until the engine reports its first turn.
 //
 // Rule 6 then places a new conversation only on a replica where it fits:
-// the replica holds nothing yet, or its working set plus the conversation
+// the replica holds nothing yet, it sits idle by its engine's figures
+// (nothing in flight through the Router, nothing waiting in the engine,
+// the engine's KV gauge under HighWater: the engine is the ground truth,
+// the working set a prediction), or its working set plus the conversation
 // stays within HighWater × capacity and the replica has not reached that
 // mark since it last fell below (HighWater − AdmitHysteresis) × capacity.
 // Where it fits nowhere, Admit returns a Ticket: the request waits, in
@@ -217,7 +220,20 @@
 // ErrQueueFull. Route never queues: it places a conversation that fits
 // nowhere on the best replica at once. Turns of bound conversations never
 // wait; sub-agents (Request.Parent bound) do not either; spills go only to
-// replicas where the conversation fits, and re-placements prefer them.
+// replicas where the conversation fits, and re-placements prefer them. A
+// conversation that fits no replica even empty (over every replica's
+// mark) goes to the emptiest replica at once (AdmissionSnapshot.Oversized).
+//
+// The working set is tracked whether admission is on or off (turns held,
+// pauses learnt), so it means the same in both and SetAdmission(true)
+// starts from it. It is checked against the engine after every poll
+// (ReplicaSnapshot.EngineKV, Hits): while the turns returning to a replica
+// find at least HitsHigh of their predicted cache and nothing waits there,
+// a working set over 1.5× the KV the engine reports in use shrinks the time
+// quiet conversations count on that replica (ResidentScale), a step per
+// poll; hits below HitsLow or requests waiting grow it back.
+// AdmissionSnapshot.Overcommitted needs an engine to confirm the pressure
+// (Strained).
 //
 
 // A binding maps a conversation key to a replica. It expires after IdleTTL

@@ -422,11 +422,11 @@ type ReplicaRow struct {
 	// The working set's check against the engine: the KV the engine
 	// reports in use (kv_cache_usage_perc × capacity; null when unknown),
 	// the share of their predicted cache the turns returning here found
-	// lately (null before one), and the factor calibration applies to the
-	// time quiet conversations count (1: none).
+	// lately (null before one), and the share of recent polls that found
+	// a turn in flight here (admission takes it for idle below 0.8).
 	EngineKVTokens *int64   `json:"engine_kv_tokens"`
 	RecentHits     *float64 `json:"recent_hits"`
-	ResidentScale  float64  `json:"resident_scale"`
+	Busy           float64  `json:"busy"`
 }
 
 // TokenCount is prompt tokens split by where they came from, and generated
@@ -496,7 +496,7 @@ func buildCard(m *modelState, now time.Time) Card {
 		if r.MeasuredTurns > 0 {
 			row.RecentHits = optional(r.Hits)
 		}
-		row.ResidentScale = r.ResidentScale
+		row.Busy = r.Busy
 		if r.PredictedTokens > 0 {
 			row.DeliveredShare = optional(r.DeliveredShare())
 		}

@@ -33,18 +33,18 @@ const (
 	// hitsDecay is the weight of a returning turn in a replica's hit rate
 	// (the share of its predicted cached prefix the engine delivered).
 	hitsDecay = 0.1
-	// HitsHigh: at this hit rate of its returning turns or more, a replica
-	// keeps its conversations' caches; below HitsLow (hits falling) it
-	// evicts them (see calibrate and Overcommitted).
-	HitsHigh = 0.9
-	HitsLow  = 0.75
-	// calibrateRatio: the working-set estimate is corrected when it
-	// exceeds this many times the KV the engine reports in use.
-	calibrateRatio = 1.5
-	// calibrateStep is how far one poll shrinks (or grows back) a
-	// replica's resident-time scale; minResidentScale is its floor.
-	calibrateStep    = 0.9
-	minResidentScale = 0.05
+	// HitsLow: below this hit rate of its returning turns (hits falling) a
+	// replica confirms that it evicts its conversations' caches
+	// (AdmissionSnapshot.Strained).
+	HitsLow = 0.75
+	// busyPolls is the span, in polls, of a replica's busy share (an
+	// exponential mean); idleBusy the share under which a moment without a
+	// turn in flight counts as the replica idling rather than its
+	// conversations pausing between turns (from the simulation: replicas
+	// whose agents pause 3 s are busy 0.95 of the time, those whose
+	// agents pause 20 s about 0.65).
+	busyPolls = 50
+	idleBusy  = 0.8
 )
 
 // ErrQueueFull is returned by Admit when a new conversation fits no replica
@@ -187,20 +187,7 @@ func (r *Router) resident(en *entry) int64 {
 	default:
 		return w
 	}
-	t := min(w, max(w/minResidentShare, residentGaps*g*int64(time.Millisecond)))
-	if sc := r.reps[en.rep].residentScale(); sc < 1 {
-		t = int64(float64(t) * sc)
-	}
-	return t
-}
-
-// residentScale is the factor calibrate applies to the time p's quiet
-// conversations count (1 until calibrated).
-func (p *replica) residentScale() float64 {
-	if p.scale <= 0 {
-		return 1
-	}
-	return p.scale
+	return min(w, max(w/minResidentShare, residentGaps*g*int64(time.Millisecond)))
 }
 
 // workingSet is p's resident working set at now, in tokens: the footprints
@@ -248,26 +235,37 @@ func (r *Router) fits(p *replica, est int64, now int64) bool {
 	ws := own + base
 	est = max(est-min(base, est/2), r.peak())
 	high := r.markFull(p, ws, c)
-	return ws == 0 || r.idle(p) || (!p.full && ws+est <= high)
+	return ws == 0 || r.idle(p, now) || (!p.full && ws+est <= high)
 }
 
-// idle reports whether p sits idle by the engine's own figures: nothing
-// in flight to it through this router, nothing waiting in its engine, and
-// the engine's KV gauge below the high-water mark. An idle replica takes a
-// new conversation whatever the working-set estimate says: the estimate
+// idle reports whether p sits idle: nothing in flight to it through this
+// router, nothing waiting in its engine, the engine's KV gauge below the
+// high-water mark, and fewer than idleBusy of the recent polls found a
+// turn in flight there (a replica whose conversations only pause between
+// turns for seconds is busy, not idle). An idle replica takes a new
+// conversation whatever the working-set estimate says: the estimate
 // predicts evictions of paused conversations' caches, which may not
 // happen, while a conversation held back from an idle replica loses its
 // compute time for certain. A figure the engine does not export vetoes
 // nothing. The router's in-flight count covers the poll's lag: once a
 // conversation was placed there, the replica is no longer idle. r.mu held.
-func (r *Router) idle(p *replica) bool {
-	if p.inflight.Load() != 0 {
+func (r *Router) idle(p *replica, now int64) bool {
+	if p.inflight.Load() != 0 || p.busy >= idleBusy {
 		return false
 	}
 	if p.waitingKnown() && p.waiting() > 0 {
 		return false
 	}
 	return !p.kvKnown() || p.kv() < r.cfg.HighWater
+}
+
+// sampleBusy updates p's busy share at a poll. r.mu held.
+func (p *replica) sampleBusy() {
+	var b float64
+	if p.inflight.Load() > 0 {
+		b = 1
+	}
+	p.busy += (b - p.busy) / busyPolls
 }
 
 // oversize reports whether a new conversation of est tokens fits no
@@ -321,27 +319,6 @@ func (r *Router) engineKV(p *replica) int64 {
 		return -1
 	}
 	return int64(p.kv() * float64(c))
-}
-
-// calibrate checks p's working-set estimate against its engine after a
-// poll at now. When the estimate exceeds calibrateRatio times the KV the
-// engine reports in use while the conversations returning there find
-// their caches (hits at HitsHigh or more) and nothing waits in the
-// engine, the estimate overstates what the replica must keep: the time a
-// quiet conversation counts (resident) shrinks by calibrateStep. When the
-// hits fall below HitsLow or requests wait, it grows back toward the
-// learned pauses. r.mu held.
-func (r *Router) calibrate(p *replica, now int64) {
-	p.scale = p.residentScale()
-	waiting := p.waitingKnown() && p.waiting() > 0
-	switch {
-	case waiting || (p.hitsN > 0 && p.hits < HitsLow):
-		p.scale = min(1, p.scale/calibrateStep)
-	case p.hitsN > 0 && p.hits >= HitsHigh:
-		if kv := r.engineKV(p); kv >= 0 && float64(r.workingSet(p, now)) > calibrateRatio*float64(kv) {
-			p.scale = max(minResidentScale, p.scale*calibrateStep)
-		}
-	}
 }
 
 // hit records the share of its predicted cached prefix a returning turn
@@ -431,7 +408,14 @@ func (r *Router) released(s *slot, now int64) {
 			en.busy--
 			if en.busy == 0 {
 				en.flags |= flagIdle
-				r.refresh(s.ent, now)
+				if r.admit {
+					// the pause is measured from the turn's end; without
+					// admission the binding's last use stays the turn's
+					// start (as the placement without admission orders
+					// its bindings), so the pauses learnt then include
+					// the turns
+					r.refresh(s.ent, now)
+				}
 			}
 		}
 	}

@@ -135,33 +135,24 @@ func TestAdmissionAgreesWithEngine(t *testing.T) {
 			},
 		},
 		{
-			name: "the estimate shrinks while the engine keeps the caches and nothing waits",
+			name: "a replica whose turns keep it busy is not idle between them",
 			n:    1, cap: 20000,
 			run: func(t *testing.T, r *Router) {
+				// a turn in flight at every poll: the busy share grows
 				now := t0
-				d, _ := admitTurn(t, r, "a", 8000, now)
-				finishTurn(r, "a", d, now.Add(time.Second), 8000, 0, 100)
-				for i := 0; i < 5; i++ { // turns that find their cache
-					now = now.Add(10 * time.Second)
-					d, _ = admitTurn(t, r, "a", 8000, now)
-					finishTurn(r, "a", d, now.Add(time.Second), 8000, 7900, 100)
+				for i := 0; i < 100; i++ {
+					d, _ := admitTurn(t, r, "a", 18000, now)
+					r.UpdateLoad("r0", Load{Reachable: true, KVTokens: 20000, Running: 1, KVUsage: 0.5})
+					now = now.Add(time.Second)
+					finishTurn(r, "a", d, now, 18000, 17000, 100)
 				}
-				for i := 0; i < 10; i++ {
-					r.UpdateLoad("r0", Load{Reachable: true, KVTokens: 20000, KVUsage: 0.01})
+				if b := r.Snapshot().Replicas[0].Busy; b < idleBusy {
+					t.Fatalf("busy share %.2f after 100 busy polls, want at least %.2f", b, idleBusy)
 				}
-				row := r.Snapshot().Replicas[0]
-				if row.Hits < HitsHigh || row.ResidentScale >= 1 || row.EngineKV != 200 {
-					t.Fatalf("hits %.2f scale %.2f engine KV %d; want hits high, the scale shrunk, 200 tokens", row.Hits, row.ResidentScale, row.EngineKV)
-				}
-				if r.Snapshot().Admission.Strained {
-					t.Fatal("strained with hits high and nothing waiting")
-				}
-				// requests waiting: the scale grows back
-				for i := 0; i < 40; i++ {
-					r.UpdateLoad("r0", Load{Reachable: true, KVTokens: 20000, KVUsage: 0.9, Waiting: 1})
-				}
-				if row := r.Snapshot().Replicas[0]; row.ResidentScale != 1 {
-					t.Fatalf("scale %.2f with requests waiting, want 1", row.ResidentScale)
+				// between two turns nothing is in flight, but the replica
+				// is busy: the newcomer waits for room by the estimate
+				if _, tk := admitTurn(t, r, "b", 9000, now); tk == nil {
+					t.Fatal("b admitted in a pause of a busy replica's conversation")
 				}
 			},
 		},

@@ -205,10 +205,11 @@
 // request) until the engine reports its first turn.
 //
 // Rule 6 then places a new conversation only on a replica where it fits:
-// the replica holds nothing yet, it sits idle by its engine's figures
-// (nothing in flight through the Router, nothing waiting in the engine,
-// the engine's KV gauge under HighWater: the engine is the ground truth,
-// the working set a prediction), or its working set plus the conversation
+// the replica holds nothing yet, it sits idle (nothing in flight through
+// the Router, nothing waiting in the engine, the engine's KV gauge under
+// HighWater, and a turn in flight at fewer than 80 % of the recent polls:
+// the engine is the ground truth, the working set a prediction), or its
+// working set plus the conversation
 // stays within HighWater × capacity and the replica has not reached that
 // mark since it last fell below (HighWater − AdmitHysteresis) × capacity.
 // Where it fits nowhere, Admit returns a Ticket: the request waits, in
@@ -226,14 +227,10 @@
 //
 // The working set is tracked whether admission is on or off (turns held,
 // pauses learnt), so it means the same in both and SetAdmission(true)
-// starts from it. It is checked against the engine after every poll
-// (ReplicaSnapshot.EngineKV, Hits): while the turns returning to a replica
-// find at least HitsHigh of their predicted cache and nothing waits there,
-// a working set over 1.5× the KV the engine reports in use shrinks the time
-// quiet conversations count on that replica (ResidentScale), a step per
-// poll; hits below HitsLow or requests waiting grow it back.
-// AdmissionSnapshot.Overcommitted needs an engine to confirm the pressure
-// (Strained).
+// starts from it. ReplicaSnapshot has it beside the engine's figures
+// (EngineKV, Hits, Busy), and AdmissionSnapshot.Overcommitted needs an
+// engine to confirm the pressure (Strained: requests waiting, or returning
+// turns finding less than HitsLow of their cache).
 //
 
 // A binding maps a conversation key to a replica. It expires after IdleTTL

@@ -278,11 +278,13 @@ type replica struct {
 	// its first turn: the part conversations share here (the system
 	// prompt), held once (admission)
 	base uint32
-	// calibration of the working set against the engine (calibrate):
-	// the hit rate of the turns returning here (hits, over hitsN turns)
-	// and the scale of the time quiet conversations count (0 = 1)
-	hits, scale float64
-	hitsN       uint64
+	// the working set's check against the engine: the hit rate of the
+	// turns returning here (hits, over hitsN turns)
+	hits  float64
+	hitsN uint64
+	// busy is the share of recent polls that found a turn in flight here
+	// (an exponential mean over about busyPolls polls)
+	busy float64
 }
 
 func (p *replica) running() int {
@@ -525,7 +527,7 @@ func (r *Router) UpdateLoad(id string, l Load) {
 			r.refreshAdmission()
 		}
 		if l.Reachable {
-			r.calibrate(p, r.clock)
+			p.sampleBusy()
 		}
 	}
 	r.mu.Unlock()
@@ -1101,11 +1103,12 @@ type ReplicaSnapshot struct {
 	// The working set's check against the engine: the KV the engine
 	// reports in use (its gauge times the capacity; -1 when unknown), the
 	// share of their predicted cache the turns returning here found
-	// (recent, 0 before any), and the scale calibration applies to the
-	// time quiet conversations count (1: none).
-	EngineKV      int64
-	Hits          float64
-	ResidentScale float64
+	// (recent, 0 before any), and the share of recent polls that found a
+	// turn of this router in flight here (Busy; see the package doc,
+	// "Admission").
+	EngineKV int64
+	Hits     float64
+	Busy     float64
 
 	// The spill cost model's figures: the prefill rate learned from the
 	// turns here, in tokens per second, and the mean time from routing to
@@ -1173,7 +1176,7 @@ func (r *Router) Snapshot() Snapshot {
 			MeasuredTurns: p.measured, PredictedTokens: p.predicted, DeliveredTokens: p.delivered,
 			Bindings: p.bindings, Active: p.active, Load: p.load,
 			WorkingSet: ws, Capacity: c, Full: p.full,
-			EngineKV: r.engineKV(p), Hits: p.hits, ResidentScale: p.residentScale(),
+			EngineKV: r.engineKV(p), Hits: p.hits, Busy: p.busy,
 			PrefillRate: p.cost.rate, TurnTime: time.Duration(p.cost.turn * 1e9),
 		})
 		row := &s.Replicas[len(s.Replicas)-1]

@@ -108,6 +108,7 @@ func addCommon(fs *flag.FlagSet, c *common, w bench.Workload, stageLength, warmu
 	fs.IntVar(&c.w.CompactAfter, "compact-after", 3, "compacting sessions compact after this many turns")
 	fs.IntVar(&c.w.CompactTokens, "compact-tokens", 800, "tokens of the summary that replaces a compacted history")
 	fs.StringVar(&c.out, "out", "warden-bench-out", "directory for report.json, table.md and the PNG charts")
+	fs.BoolVar(&c.w.Interactive, "interactive", w.Interactive, "pauses of a person at the keyboard instead of --think: irregular, 2 s to 3 min (log-uniform), and a tenth of them 5-15 min (the conversation goes quiet without ending)")
 	fs.DurationVar(&c.w.Waves, "waves", w.Waves, "start sessions in waves this far apart, engine time: all at their first turn when a stage begins, each next one at the next wave (0: staggered, back to back)")
 }
 
@@ -292,6 +293,7 @@ func runSim(args []string) error {
 	fs.BoolVar(&cfg.DPRotate, "dp-rotate", false, "vllm-dp: rotate the balancer's tie-break after every pick (vLLM from PR 47420 on) instead of ties to the lowest engine")
 	fs.DurationVar(&cfg.RestartAt, "restart-at", 0, "restart one replica (cache and counters cleared) this long after every stage's start, engine time (0: never)")
 	fs.IntVar(&cfg.RestartReplica, "restart-replica", 0, "the replica --restart-at restarts")
+	matrix := fs.Bool("matrix", false, "run every traffic shape the bench knows (closed loop, --think 3s and 20s, --interactive, seqs8, 7gpu, waves) for vllm-dp, on and admit, and print one scorecard of the default (admit) against the best of the others; --stage-length and --warmup apply to all")
 	detail := fs.Bool("detail", false, "print per stage where turns spend their time (queue, prefill, preemptions) and each replica's load")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -299,6 +301,20 @@ func runSim(args []string) error {
 	// The preset's own stages and modes, unless given.
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if *matrix {
+		var length, warm time.Duration
+		if set["stage-length"] {
+			length = c.stageLength
+		}
+		if set["warmup"] {
+			warm = c.warmup
+		}
+		rows, err := bench.Matrix(bench.MatrixRegimes(), length, warm)
+		if err != nil {
+			return err
+		}
+		return bench.WriteScorecard(os.Stdout, rows)
+	}
 	if !set["stages"] {
 		c.stages = joinInts(cfg.Stages)
 	}

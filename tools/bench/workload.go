@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"time"
@@ -51,6 +52,35 @@ type Workload struct {
 	// Zero starts the slots' sessions staggered (StartTurn) and back to
 	// back.
 	Waves time.Duration `json:"waves_ns,omitempty"`
+	// Interactive makes the pauses between turns those of a person at the
+	// keyboard rather than an agent running tools (Think is then unused):
+	// irregular, from seconds to minutes (log-uniform between
+	// InteractiveMinPause and InteractiveMaxPause), and now and then
+	// (InteractiveQuietShare of the pauses) a conversation goes quiet for
+	// longer than admission's window (InteractiveQuietMin to
+	// InteractiveQuietMax) without ending, then goes on.
+	Interactive bool `json:"interactive,omitempty"`
+}
+
+// The pauses of an Interactive workload.
+const (
+	InteractiveMinPause   = 2 * time.Second
+	InteractiveMaxPause   = 3 * time.Minute
+	InteractiveQuietShare = 0.1
+	InteractiveQuietMin   = 5 * time.Minute
+	InteractiveQuietMax   = 15 * time.Minute
+)
+
+// pause draws the client's pause before a later turn from r.
+func (w Workload) pause(r *rand.Rand) time.Duration {
+	if !w.Interactive {
+		return time.Duration(float64(w.Think) * (0.5 + r.Float64()))
+	}
+	if r.Float64() < InteractiveQuietShare {
+		return InteractiveQuietMin + time.Duration(r.Float64()*float64(InteractiveQuietMax-InteractiveQuietMin))
+	}
+	lo, hi := math.Log(float64(InteractiveMinPause)), math.Log(float64(InteractiveMaxPause))
+	return time.Duration(math.Exp(lo + r.Float64()*(hi-lo)))
 }
 
 // FirstTurn is the turn slot i of n starts its first session at: staggered
@@ -232,7 +262,7 @@ func (g *Generator) Session(n int) *Session {
 	s.OutputTokens = g.w.OutputTokens
 	s.Think = make([]time.Duration, g.w.Turns)
 	for i := 1; i < len(s.Think); i++ {
-		s.Think[i] = time.Duration(float64(g.w.Think) * (0.5 + r.Float64()))
+		s.Think[i] = g.w.pause(r)
 	}
 	return s
 }

@@ -45,7 +45,12 @@ const jsonType = "application/json"
 // proxy (and its retries) send it unchanged. tooBig reports a body over the
 // limit; the body is then not restored, since the request is refused.
 func (h *Handler) readBody(r *http.Request, rb *replayBody) (body []byte, tooBig bool, err error) {
-	if r.ContentLength > h.MaxBody {
+	return readWhole(r, h.MaxBody, rb)
+}
+
+// readWhole is readBody with the limit given.
+func readWhole(r *http.Request, maxBody int64, rb *replayBody) (body []byte, tooBig bool, err error) {
+	if r.ContentLength > maxBody {
 		return nil, true, nil
 	}
 	if r.ContentLength > 0 {
@@ -56,21 +61,21 @@ func (h *Handler) readBody(r *http.Request, rb *replayBody) (body []byte, tooBig
 		}
 	} else {
 		b := bytes.NewBuffer(make([]byte, 0, 16<<10))
-		n, err := b.ReadFrom(io.LimitReader(r.Body, h.MaxBody+1))
+		n, err := b.ReadFrom(io.LimitReader(r.Body, maxBody+1))
 		if err != nil {
 			return nil, false, err
 		}
-		if n > h.MaxBody {
+		if n > maxBody {
 			return nil, true, nil
 		}
 		body = b.Bytes()
 	}
-	h.replay(r, body, rb)
+	replay(r, body, rb)
 	return body, false, nil
 }
 
 // replay puts body, read in full, back as the request's body.
-func (h *Handler) replay(r *http.Request, body []byte, rb *replayBody) {
+func replay(r *http.Request, body []byte, rb *replayBody) {
 	_ = r.Body.Close()
 	rb.b, rb.off = body, 0
 	r.Body = rb
@@ -198,7 +203,7 @@ func (h *Handler) peek(r *http.Request, rb *replayBody, limit int, found func(pr
 	if _, err := io.ReadFull(r.Body, body[len(head):]); err != nil {
 		return nil, false, err
 	}
-	h.replay(r, body, rb)
+	replay(r, body, rb)
 	return body, false, nil
 }
 

@@ -189,6 +189,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// response, and they must not be written then (see finish).
 	st := new(routeState)
 	st.api = apiOf(r.URL.Path)
+	st.maxBody = h.MaxBody
 	st.key, st.parent = h.keys.fromHeaders(r.Header)
 
 	st.end = h.sessionEnds(r.Header)
@@ -264,6 +265,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 				if st.refused && st.model != nil {
 					return h.refuse(rw, r, st)
 				}
+				if st.bodyErr != nil {
+					return h.fail(rw, r, st, st.bodyErr)
+				}
 				return h.fail(rw, r, st, err)
 			}
 		}
@@ -312,13 +316,14 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, st *routeState, e
 		return err
 	}
 	msg := herr.Err.Error()
-	if herr.StatusCode != http.StatusRequestEntityTooLarge {
+	if herr.StatusCode >= 500 {
 		msg = noReplicaMessage(st, herr.StatusCode)
 	}
 	writeAPIError(w, st.api, herr.StatusCode, msg)
 	if h.logger != nil {
 		level := zap.DebugLevel
-		if herr.StatusCode >= 500 {
+		if herr.StatusCode >= 500 && r.Context().Err() == nil {
+			// a client that left (a held request cancelled) is not an error
 			level = zap.ErrorLevel
 		}
 		if c := h.logger.Check(level, msg); c != nil {

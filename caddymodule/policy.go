@@ -543,8 +543,8 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 		}
 	}
 	st.beginAttempt()
-	if st.refused {
-		return nil // the admission queue was full: 429 (the handler)
+	if st.refused || st.bodyErr != nil {
+		return nil // the admission queue was full (429) or the body failed: the handler answers
 	}
 
 	// nil unless a replica is full or was tried already: the request is
@@ -571,7 +571,17 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 			req.Pin = p.pinned(v[0], rs)
 		}
 	}
+	req.Unread = st.unread(r)
 	dec, tk, err := p.m.route(req)
+	if errors.Is(err, placement.ErrUnread) {
+		// a new conversation admission may hold: its whole body first
+		// (see unread.go), then routed as it now stands
+		if st.readRest(w, r) != nil {
+			return nil
+		}
+		req.Unread, req.Tokens = false, p.tokens(r, st)
+		dec, tk, err = p.m.route(req)
+	}
 	var waited time.Duration
 	if tk != nil {
 		if dec, waited, err = p.m.await(r.Context(), tk); err == nil {

@@ -166,6 +166,13 @@ type Request struct {
 	// body's size); 0 = unknown. Admission counts a conversation with it
 	// until the engine reports the context (Feedback).
 	Tokens int
+	// Unread reports that the request's body has not arrived in full. A
+	// new conversation that admission may queue is then neither placed
+	// nor queued: Admit returns ErrUnread and counts nothing, and the
+	// caller routes the request again once its body is in. A client that
+	// stalls its body so holds no place in the queue and no room in a
+	// replica's working set.
+	Unread bool
 }
 
 // Reason says why a replica was chosen.
@@ -673,6 +680,9 @@ func (r *Router) placeNew(req Request, h, parent uint64, now int64, queue bool) 
 		}
 	}
 	queue = queue && r.admit && !sub
+	if queue && req.Unread {
+		return Decision{}, nil, ErrUnread
+	}
 	if queue && len(r.queue) > 0 {
 		// earlier arrivals go first: this one waits behind them unless
 		// room lets them all in now

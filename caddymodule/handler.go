@@ -248,10 +248,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	rw := watcherPool.Get().(*responseWatcher)
 	rw.ResponseWriter, rw.st = w, st
 	rw.measure = r.Method == http.MethodPost && !strings.HasSuffix(r.URL.Path, "/count_tokens")
-	rw.ctx = r.Context()
+	rw.ctx, rw.remote = r.Context(), r.RemoteAddr
 	defer h.finish(rw)
 
 	err := next.ServeHTTP(rw, r)
+	if !rw.wroteHeader {
+		// before any answer the handler writes itself below
+		rw.abandoned()
+	}
 	if err != nil && !rw.wroteHeader {
 		var herr caddyhttp.HandlerError
 		if errors.As(err, &herr) {

@@ -54,6 +54,12 @@ type Config struct {
 	// without a success in between, up to MaxFailCooldown. Defaults 5s and
 	// 1m.
 	FailCooldown, MaxFailCooldown time.Duration
+	// AbandonAfter is how many turns in a row a replica must leave without
+	// response headers until their clients give up, from at least two
+	// clients and while other replicas answer, before it is out as for a
+	// proxy failure (Decision.Abandoned). Default DefaultAbandonAfter; -1
+	// turns the rule off.
+	AbandonAfter int
 
 	// Working-set admission (see the package doc, "Admission"); on unless
 	// AdmissionOff, in force while every replica's KV capacity is known.
@@ -102,6 +108,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxFailCooldown < c.FailCooldown {
 		c.MaxFailCooldown = c.FailCooldown
+	}
+	if c.AbandonAfter == 0 {
+		c.AbandonAfter = DefaultAbandonAfter
 	}
 	if c.KVTokens < 0 {
 		c.KVTokens = 0
@@ -237,6 +246,8 @@ type replica struct {
 	failStreak int          // proxy failures since the last success
 	streak     atomic.Int32 // failStreak, read without the lock
 	proxyFails uint64       // proxy failures reported, ever
+	coolCause  Cause        // what the cool-down is for: CauseProxy or CauseAbandoned
+	ab         abandonState // turns left unanswered until their clients gave up
 
 	// bindings list, most recent first; entries head..activeTail are active.
 	head, tail, activeTail int32

@@ -77,8 +77,8 @@ type modelState struct {
 	started   bool
 	stopped   bool
 	logger    *zap.Logger
-	pollErrs  map[string]uint64 // poll rounds that failed, per present replica
-	resets    map[string]uint64 // counter resets (restarts) seen, per present replica
+	pollErrs  map[string]uint64          // poll rounds that failed, per present replica
+	resets    map[string]uint64          // counter resets (restarts) seen, per present replica
 	outs      map[string]placement.Cause // causes (but poll failures) logged as holding, per replica (logOuts)
 	lastTaken time.Time
 	// overcommitted: the active conversations hold more than the replicas

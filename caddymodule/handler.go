@@ -385,6 +385,8 @@ func (h *Handler) finish(rw *responseWatcher) {
 	} else {
 		rw.st.finished(rw.status, nil, time.Now())
 	}
+	// the body the handler read is not read again (see replayBody)
+	rw.st.rb.release()
 	// The request's variables are left alone: the proxy's transport may
 	// still be dialling for this request in another goroutine (a client
 	// gone during the dial) and reads them there.

@@ -336,9 +336,15 @@ type ReplicaRow struct {
 	CooldownUntil *time.Time `json:"cooldown_until"`
 	// ProxyFailures counts requests that failed at the replica (no
 	// connection, no response headers in time, 5xx, stream cut).
-	ProxyFailures    uint64     `json:"proxy_failures"`
-	Reachable        bool       `json:"reachable"`
-	LastError        string     `json:"last_error"`
+	ProxyFailures uint64 `json:"proxy_failures"`
+	Reachable     bool   `json:"reachable"`
+	LastError     string `json:"last_error"`
+	// Engine is the engine whose metric names the replica's /metrics was
+	// read as (vllm, sglang, llamacpp, tgi): configured or detected; "" until
+	// known. MetricsUnread says why its last /metrics, answered with 200,
+	// gave no figures (the replica stays available, its figures unknown).
+	Engine           string     `json:"engine"`
+	MetricsUnread    string     `json:"metrics_unread,omitempty"`
 	LastSeen         *time.Time `json:"last_seen"`
 	Held             int        `json:"held"`
 	Sticky           uint64     `json:"sticky"`
@@ -371,10 +377,14 @@ type ReplicaRow struct {
 	DeliveredShare  *float64 `json:"delivered_share"`
 	// The engine's own figures: null when it has not exported them (or has
 	// not been polled yet), which is unknown, not 0.
-	Running            *int       `json:"running"`
-	Waiting            *int       `json:"waiting"`
-	KVUsage            *float64   `json:"kv_usage"`
-	PrefixHitRate      *float64   `json:"prefix_hit_rate"`
+	Running       *int     `json:"running"`
+	Waiting       *int     `json:"waiting"`
+	KVUsage       *float64 `json:"kv_usage"`
+	PrefixHitRate *float64 `json:"prefix_hit_rate"`
+	// PrefixIdle is true when the engine exports the prefix counters but
+	// looked up no prompt token in the window: the windowed rate is
+	// unknown (idle), not 0 %.
+	PrefixIdle         bool       `json:"prefix_idle"`
 	PrefixHitRateTotal *float64   `json:"prefix_hit_rate_total"`
 	Bindings           int        `json:"bindings"`
 	Active             int        `json:"active"`
@@ -459,9 +469,19 @@ func buildCard(m *modelState, now time.Time) Card {
 				t := st.LastSeen.UTC()
 				row.LastSeen = &t
 			}
+			if st.Dialect != vllmstats.DialectAuto {
+				row.Engine = st.Dialect.String()
+			}
+			row.MetricsUnread = st.Unread
 			if st.HitRateKnown {
-				row.PrefixHitRate = optional(st.HitRateWindow)
-				row.PrefixHitRateTotal = optional(st.HitRateTotal)
+				if st.HitRateWindowKnown {
+					row.PrefixHitRate = optional(st.HitRateWindow)
+				} else {
+					row.PrefixIdle = true
+				}
+				if st.QueriesSinceStart > 0 {
+					row.PrefixHitRateTotal = optional(st.HitRateTotal)
+				}
 			}
 		}
 		row.Running, row.Waiting, row.KVUsage = engineLoad(r.Load)

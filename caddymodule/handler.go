@@ -9,6 +9,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/lmwarden/caddy-lmwarden/vllmstats"
 	"go.uber.org/zap"
 )
 
@@ -119,6 +120,15 @@ type Handler struct {
 	// with the status.
 	ErrorResponse string `json:"error_response,omitempty"`
 
+	// Removes Claude Code's billing block (the first system block of an
+	// Anthropic request, "x-anthropic-billing-header: cc_version=…;
+	// cc_entrypoint=…;", different per conversation) before the request
+	// goes on, so an engine that does not skip it itself (llama.cpp,
+	// SGLang; vLLM does since about v0.18) caches the system prompt and
+	// tools once for every conversation. Reads /v1/messages bodies in full.
+	// Default off.
+	StripBillingBlock bool `json:"strip_billing_block,omitempty"`
+
 	keys   keyExtractor
 	ends   []string // canonical session-end header names
 	logger *zap.Logger
@@ -201,6 +211,22 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	st.end = h.sessionEnds(r.Header)
 
 	var model string
+	var full []byte // the body, when read in full already
+	if h.StripBillingBlock && st.api == vllmstats.APIAnthropic && r.Method == http.MethodPost && hasJSONBody(r) {
+		body, tooBig, err := h.readBody(r, &st.rb)
+		if tooBig {
+			return h.fail(w, r, st, caddyhttp.Error(http.StatusRequestEntityTooLarge,
+				fmt.Errorf("request body is larger than the gateway's limit of %d bytes", h.MaxBody)))
+		}
+		if err != nil {
+			return caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("reading request body: %w", err))
+		}
+		if nb, ok := stripBillingBlock(body); ok {
+			h.replay(r, nb, &st.rb)
+			body = nb
+		}
+		full = body
+	}
 	keyFromBody := st.key == "" && (!h.NoBodyKeys || !h.NoFingerprint)
 	wantStart := st.key != "" && !h.NoRestartDetection
 	if (keyFromBody || !h.NoModelVar || wantStart) && hasJSONBody(r) {
@@ -208,6 +234,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		var tooBig bool
 		var err error
 		switch {
+		case full != nil:
+			body = full
 		case keyFromBody:
 			body, tooBig, err = h.readBody(r, &st.rb)
 		case wantStart && anyBinding(st.key):

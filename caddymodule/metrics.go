@@ -197,7 +197,7 @@ func (collector) Collect(ch chan<- prometheus.Metric) {
 		ps := m.pollerSnapshot()
 		for i := range ps.Replicas {
 			r := &ps.Replicas[i]
-			if r.HitRateKnown {
+			if r.HitRateKnown && r.HitRateWindowKnown { // idle: no sample, not 0
 				gauge(descHit, r.HitRateWindow, m.name, r.ID)
 			}
 			reach := 0.0

@@ -188,6 +188,12 @@ func buildCardView(doc Card, now time.Time) uiCardView {
 		if !r.Reachable && len(r.Out) > 0 {
 			state.T += " · out: " + strings.Join(r.Out, ", ")
 		}
+		if r.Engine != "" {
+			state.T += " · " + r.Engine
+		}
+		if r.MetricsUnread != "" {
+			state.T += " · figures unknown: " + r.MetricsUnread
+		}
 		v.Replicas = append(v.Replicas, uiReplicaRow{
 			ID: r.ID,
 			OK: ok,
@@ -198,7 +204,7 @@ func buildCardView(doc Card, now time.Time) uiCardView {
 				"client_pinned":  uiCount(r.ClientPinned),
 				"run_wait":       {V: []*int{r.Running, r.Waiting}, T: uiOptCount(r.Running) + " / " + uiOptCount(r.Waiting)},
 				"kv":             uiOptPct(r.KVUsage),
-				"hit":            uiOptPct(r.PrefixHitRate),
+				"hit":            uiHit(r),
 				"delivered":      uiDelivered(r.DeliveredShare, r.DeliveredCached, r.PredictedCached),
 				"restarted":      uiCount(r.Restarted),
 				"side":           uiCount(r.Side),
@@ -340,4 +346,13 @@ func uiStore(st *StoreStatus) uiVal {
 	}
 	return uiVal{V: st, T: fmt.Sprintf("%s %s · %s · %s errors · %s fallbacks", st.Type, st.Address, state,
 		humanize.Comma(int64(st.Errors)), humanize.Comma(int64(st.Fallbacks)))}
+}
+
+// uiHit renders the windowed prefix hit rate: a percentage, "idle" when the
+// engine looked nothing up in the window, unknown when it does not say.
+func uiHit(r ReplicaRow) uiVal {
+	if r.PrefixIdle {
+		return uiVal{V: nil, T: "idle"}
+	}
+	return uiOptPct(r.PrefixHitRate)
 }

@@ -286,6 +286,23 @@ type Card struct {
 	Warning string `json:"warning"`
 	// Store is the shared binding store's state; absent without one.
 	Store *StoreStatus `json:"store,omitempty"`
+	// RecentSpills are the last turns whose replica was over the spill
+	// threshold and that another replica could take, oldest first, with
+	// the estimates that moved them or kept them.
+	RecentSpills []SpillRow `json:"recent_spills"`
+}
+
+// SpillRow is one spill decision on the card: the turn's expected time to
+// first token on its replica (stay) and on the target, its history of
+// context_tokens recomputed there (move); moved says which won.
+type SpillRow struct {
+	At            time.Time `json:"at"`
+	From          string    `json:"from"`
+	To            string    `json:"to"`
+	StayS         float64   `json:"stay_s"`
+	MoveS         float64   `json:"move_s"`
+	ContextTokens int       `json:"context_tokens"`
+	Moved         bool      `json:"moved"`
 }
 
 // AdmissionRow is working-set admission's state on the card.
@@ -342,26 +359,41 @@ type ReplicaRow struct {
 	CooldownUntil *time.Time `json:"cooldown_until"`
 	// ProxyFailures counts requests that failed at the replica (no
 	// connection, no response headers in time, 5xx, stream cut).
-	ProxyFailures    uint64     `json:"proxy_failures"`
-	Reachable        bool       `json:"reachable"`
-	LastError        string     `json:"last_error"`
+	ProxyFailures uint64 `json:"proxy_failures"`
+	Reachable     bool   `json:"reachable"`
+	LastError     string `json:"last_error"`
+	// Engine is the engine whose metric names the replica's /metrics was
+	// read as (vllm, sglang, llamacpp, tgi): configured or detected; "" until
+	// known. MetricsUnread says why its last /metrics, answered with 200,
+	// gave no figures (the replica stays available, its figures unknown).
+	Engine           string     `json:"engine"`
+	MetricsUnread    string     `json:"metrics_unread,omitempty"`
 	LastSeen         *time.Time `json:"last_seen"`
 	Held             int        `json:"held"`
 	Sticky           uint64     `json:"sticky"`
 	StayedOverloaded uint64     `json:"stayed_overloaded"`
 	Placed           uint64     `json:"placed"`
 	SpillAccepted    uint64     `json:"spill_accepted"`
-	ClientPinned     uint64     `json:"client_pinned"`
-	Replaced         uint64     `json:"re_placed"`
-	AffinityOff      uint64     `json:"affinity_off"`
-	NoKey            uint64     `json:"no_key"`
+	// SpillDeclined counts turns that stayed here over the threshold
+	// because moving was not expected to bring their first token sooner.
+	SpillDeclined uint64 `json:"spill_declined"`
+	// PrefillRate is the prefill rate learned from the turns here, in
+	// tokens per second; null before one was learned.
+	PrefillRate  *float64 `json:"prefill_rate"`
+	ClientPinned uint64   `json:"client_pinned"`
+	Replaced     uint64   `json:"re_placed"`
+	AffinityOff  uint64   `json:"affinity_off"`
+	NoKey        uint64   `json:"no_key"`
 	// Restarted counts conversations placed here anew because their start
 	// changed under the same key (compacted or cleared); ColdReplaced those
 	// placed here because their replica no longer held their cache;
 	// ColdMarked the bindings here found cold (the replica restarted
 	// since their last turn); Ended the bindings here dropped
-	// because the client ended the session.
+	// because the client ended the session; Side the side requests routed
+	// here (another start under a bound conversation's key: a session
+	// title, a summary, a probe), which moved no conversation.
 	Restarted    uint64 `json:"restarted"`
+	Side         uint64 `json:"side"`
 	ColdReplaced uint64 `json:"cold_replaced"`
 	ColdMarked   uint64 `json:"cold_marked"`
 	Ended        uint64 `json:"ended"`
@@ -374,10 +406,14 @@ type ReplicaRow struct {
 	DeliveredShare  *float64 `json:"delivered_share"`
 	// The engine's own figures: null when it has not exported them (or has
 	// not been polled yet), which is unknown, not 0.
-	Running            *int       `json:"running"`
-	Waiting            *int       `json:"waiting"`
-	KVUsage            *float64   `json:"kv_usage"`
-	PrefixHitRate      *float64   `json:"prefix_hit_rate"`
+	Running       *int     `json:"running"`
+	Waiting       *int     `json:"waiting"`
+	KVUsage       *float64 `json:"kv_usage"`
+	PrefixHitRate *float64 `json:"prefix_hit_rate"`
+	// PrefixIdle is true when the engine exports the prefix counters but
+	// looked up no prompt token in the window: the windowed rate is
+	// unknown (idle), not 0 %.
+	PrefixIdle         bool       `json:"prefix_idle"`
 	PrefixHitRateTotal *float64   `json:"prefix_hit_rate_total"`
 	Bindings           int        `json:"bindings"`
 	Active             int        `json:"active"`
@@ -430,20 +466,27 @@ func buildCard(m *modelState, now time.Time) Card {
 		Requests: s.Requests, KeyedRequests: s.KeyedRequests, Bindings: s.Bindings,
 		Since: s.Since.UTC(), Writable: true, Replicas: make([]ReplicaRow, 0, len(s.Replicas)),
 		Admission: admissionRow(s.Admission), Warning: overcommitMessage(s.Admission),
-		Store: m.storeStatus(),
+		Store: m.storeStatus(), RecentSpills: make([]SpillRow, 0, len(s.RecentSpills)),
+	}
+	for _, sc := range s.RecentSpills {
+		c.RecentSpills = append(c.RecentSpills, SpillRow{At: sc.At.UTC(), From: sc.From, To: sc.To,
+			StayS: sc.Stay.Seconds(), MoveS: sc.Move.Seconds(), ContextTokens: sc.Context, Moved: sc.Moved})
 	}
 	for _, r := range s.Replicas {
 		row := ReplicaRow{
 			ID: r.ID, Available: r.Available, Out: r.Out.Names(), ProxyFailures: r.ProxyFailures, Held: r.InFlight,
 			Sticky: r.Sticky, StayedOverloaded: r.StayedOverloaded, Placed: r.Placed,
-			SpillAccepted: r.SpillAccepted, ClientPinned: r.ClientPinned, Replaced: r.Replaced,
+			SpillAccepted: r.SpillAccepted, SpillDeclined: r.SpillDeclined, ClientPinned: r.ClientPinned, Replaced: r.Replaced,
 			AffinityOff: r.AffinityOff, NoKey: r.NoKey, Bindings: r.Bindings, Active: r.Active,
-			Restarted: r.Restarted, ColdReplaced: r.ColdReplaced, ColdMarked: r.ColdMarked, Ended: r.Ended,
+			Restarted: r.Restarted, Side: r.Side, ColdReplaced: r.ColdReplaced, ColdMarked: r.ColdMarked, Ended: r.Ended,
 			PredictedCached: r.PredictedTokens, DeliveredCached: r.DeliveredTokens,
 			WorkingSetTokens: r.WorkingSet, Full: r.Full,
 		}
 		if r.Capacity > 0 {
 			row.KVCapacityTokens = optional(r.Capacity)
+		}
+		if r.PrefillRate > 0 {
+			row.PrefillRate = optional(r.PrefillRate)
 		}
 		if r.PredictedTokens > 0 {
 			row.DeliveredShare = optional(r.DeliveredShare())
@@ -462,9 +505,19 @@ func buildCard(m *modelState, now time.Time) Card {
 				t := st.LastSeen.UTC()
 				row.LastSeen = &t
 			}
+			if st.Dialect != vllmstats.DialectAuto {
+				row.Engine = st.Dialect.String()
+			}
+			row.MetricsUnread = st.Unread
 			if st.HitRateKnown {
-				row.PrefixHitRate = optional(st.HitRateWindow)
-				row.PrefixHitRateTotal = optional(st.HitRateTotal)
+				if st.HitRateWindowKnown {
+					row.PrefixHitRate = optional(st.HitRateWindow)
+				} else {
+					row.PrefixIdle = true
+				}
+				if st.QueriesSinceStart > 0 {
+					row.PrefixHitRateTotal = optional(st.HitRateTotal)
+				}
 			}
 		}
 		row.Running, row.Waiting, row.KVUsage = engineLoad(r.Load)

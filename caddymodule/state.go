@@ -60,6 +60,7 @@ type pollSettings struct {
 	FailAfter   int
 	MetricsPath string
 	Scheme      string
+	Dialect     vllmstats.Dialect
 }
 
 // modelState is the runtime of one model: its router, poller and token
@@ -68,6 +69,9 @@ type modelState struct {
 	name   string
 	router *placement.Router
 	acct   *vllmstats.Accountant
+	// reports tells an omitted cached count (0) from an unknown one for
+	// engines that leave out a 0 (SGLang)
+	reports vllmstats.CacheReports
 
 	mu        sync.Mutex
 	poller    *vllmstats.Poller
@@ -151,6 +155,7 @@ func (m *modelState) newPoller() *vllmstats.Poller {
 		Timeout:     m.poll.Timeout,
 		FailAfter:   m.poll.FailAfter,
 		MetricsPath: m.poll.MetricsPath,
+		Dialect:     m.poll.Dialect,
 		Client:      &http.Client{Timeout: m.poll.Timeout},
 		Logger:      m.logger.Named("poller"),
 		OnSnapshot:  m.onSnapshot,
@@ -209,6 +214,18 @@ func (m *modelState) forgetGone(now time.Time) {
 	current := m.current
 	m.mu.Unlock()
 	m.acct.ForgetIdle(now, func(id string) bool { return current[id] })
+	m.reports.Forget(func(id string) bool { return current[id] })
+}
+
+// completeUsage fills a response's cached count that its engine left out
+// because it was 0 (vllmstats.CacheReports).
+func (m *modelState) completeUsage(replica string, u *vllmstats.Usage) {
+	if !u.Measured {
+		return
+	}
+	if rs, ok := m.pollerSnapshot().Replica(replica); ok {
+		m.reports.Complete(replica, rs.Dialect, u)
+	}
 }
 
 // pollerSnapshot returns the latest poll round (never nil).
@@ -323,9 +340,11 @@ func (m *modelState) recordUsage(replica string, u vllmstats.Usage, now time.Tim
 // feedback reports a finished turn's delivered cached tokens to the router,
 // which checks them against its binding's prediction (placement.Feedback),
 // and records a checked turn's prediction and delivery (at most the
-// prediction) for the stats page's delivered share. Only a response that
-// carried both counts says anything.
-func (m *modelState) feedback(key string, dec placement.Decision, u vllmstats.Usage, now time.Time) {
+// prediction) for the stats page's delivered share; first and total (the
+// time to its first token, 0 when unknown, and to its end) teach the
+// replica's prefill rate and turn time. Only a response that carried both
+// counts says anything.
+func (m *modelState) feedback(key string, dec placement.Decision, u vllmstats.Usage, first, total time.Duration, now time.Time) {
 	if key == "" || !u.Measured || !u.CachedMeasured {
 		return
 	}
@@ -334,6 +353,7 @@ func (m *modelState) feedback(key string, dec placement.Decision, u vllmstats.Us
 		Key: key, Replica: dec.Replica, Reason: dec.Reason,
 		Prompt: int(min(u.PromptTokens, 1<<31-1)), Cached: cached,
 		Completion: int(min(max(u.CompletionTokens, 0), 1<<31-1)),
+		FirstToken: first, Duration: total,
 	})
 	if predicted > 0 {
 		m.acct.RecordDelivery(dec.Replica, predicted, min(cached, predicted), now)

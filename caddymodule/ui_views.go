@@ -188,6 +188,12 @@ func buildCardView(doc Card, now time.Time) uiCardView {
 		if !r.Reachable && len(r.Out) > 0 {
 			state.T += " · out: " + strings.Join(r.Out, ", ")
 		}
+		if r.Engine != "" {
+			state.T += " · " + r.Engine
+		}
+		if r.MetricsUnread != "" {
+			state.T += " · figures unknown: " + r.MetricsUnread
+		}
 		v.Replicas = append(v.Replicas, uiReplicaRow{
 			ID: r.ID,
 			OK: ok,
@@ -195,12 +201,14 @@ func buildCardView(doc Card, now time.Time) uiCardView {
 				"held":           uiCount(r.Held),
 				"sticky":         uiCount(r.Sticky),
 				"spill_accepted": uiCount(r.SpillAccepted),
+				"spill_declined": uiSpillDeclined(r.SpillDeclined, r.ID, doc.RecentSpills),
 				"client_pinned":  uiCount(r.ClientPinned),
 				"run_wait":       {V: []*int{r.Running, r.Waiting}, T: uiOptCount(r.Running) + " / " + uiOptCount(r.Waiting)},
 				"kv":             uiOptPct(r.KVUsage),
-				"hit":            uiOptPct(r.PrefixHitRate),
+				"hit":            uiHit(r),
 				"delivered":      uiDelivered(r.DeliveredShare, r.DeliveredCached, r.PredictedCached),
 				"restarted":      uiCount(r.Restarted),
+				"side":           uiCount(r.Side),
 				"cold_replaced":  uiCount(r.ColdReplaced),
 				"ended":          uiCount(r.Ended),
 				"bindings":       {V: r.Bindings, T: humanize.Comma(int64(r.Bindings)) + " (" + humanize.Comma(int64(r.Active)) + " active)"},
@@ -208,6 +216,25 @@ func buildCardView(doc Card, now time.Time) uiCardView {
 				"state":          state,
 			},
 		})
+	}
+	return v
+}
+
+// uiSpillDeclined renders a replica's declined spills with, in the tooltip,
+// the estimates of the last spill decisions for turns from it: "moved to
+// r2: stay 9.1 s, move 3.0 s (12,000 tokens)".
+func uiSpillDeclined(n uint64, id string, recent []SpillRow) uiVal {
+	v := uiCount(n)
+	for _, c := range recent {
+		if c.From != id {
+			continue
+		}
+		verb := "stayed, not to "
+		if c.Moved {
+			verb = "moved to "
+		}
+		v.T += "\n" + verb + c.To + ": stay " + humanize.FtoaWithDigits(c.StayS, 1) + " s, move " +
+			humanize.FtoaWithDigits(c.MoveS, 1) + " s (" + humanize.Comma(int64(c.ContextTokens)) + " tokens)"
 	}
 	return v
 }
@@ -339,4 +366,13 @@ func uiStore(st *StoreStatus) uiVal {
 	}
 	return uiVal{V: st, T: fmt.Sprintf("%s %s · %s · %s errors · %s fallbacks", st.Type, st.Address, state,
 		humanize.Comma(int64(st.Errors)), humanize.Comma(int64(st.Fallbacks)))}
+}
+
+// uiHit renders the windowed prefix hit rate: a percentage, "idle" when the
+// engine looked nothing up in the window, unknown when it does not say.
+func uiHit(r ReplicaRow) uiVal {
+	if r.PrefixIdle {
+		return uiVal{V: nil, T: "idle"}
+	}
+	return uiOptPct(r.PrefixHitRate)
 }

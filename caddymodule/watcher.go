@@ -26,9 +26,11 @@ type responseWatcher struct {
 	st          *routeState
 	parser      *vllmstats.UsageParser
 	measure     bool
+	inference   bool // the request asks the engine for a generation (isInference)
 	wroteHeader bool
 	status      int
 	encoded     bool // the response has a Content-Encoding: usage cannot be read
+	stream      bool // a measured event stream: its first write marks the first token
 }
 
 // statusClientClosed is the status Caddy's proxy records for a request
@@ -58,10 +60,15 @@ func (rw *responseWatcher) WriteHeader(status int) {
 	rw.wroteHeader = true
 	rw.status = status
 	if rw.st.routed && !rw.answered {
-		// the replica answered: a 5xx is its failure, anything else ends
-		// its run of failures (a stream it cuts later is still one)
+		// the replica answered: a 5xx to an inference request is its
+		// failure, anything else ends its run of failures (a stream it
+		// cuts later is still one); a 5xx to a probe (HEAD, GET
+		// /v1/models, Claude Code's HEAD /api/hello) says nothing about
+		// the engine: a 501 from a server that does not know the path
 		if status >= 500 {
-			rw.failed()
+			if rw.inference {
+				rw.failed()
+			}
 		} else {
 			rw.answered = true
 			rw.st.dec.Succeeded()
@@ -73,12 +80,20 @@ func (rw *responseWatcher) WriteHeader(status int) {
 		if !rw.encoded {
 			stream := strings.HasPrefix(h.Get("Content-Type"), "text/event-stream")
 			rw.parser = getParser(rw.st.api, stream)
+			rw.stream = stream
 		} else {
 			// compressed: cannot read usage; the request still counts, unmeasured
 			rw.parser = getParser(vllmstats.APIOpenAI, false)
 		}
 	}
 	rw.ResponseWriterWrapper.WriteHeader(status)
+}
+
+// isInference reports whether r asks the engine for a generation: a POST
+// other than a token count. Only those requests' error answers count
+// against a replica.
+func isInference(r *http.Request) bool {
+	return r.Method == http.MethodPost && !strings.HasSuffix(r.URL.Path, "/count_tokens")
 }
 
 // failed reports the request's failure at its replica, once, unless the
@@ -116,6 +131,10 @@ func (rw *responseWatcher) Write(b []byte) (int, error) {
 		rw.WriteHeader(http.StatusOK)
 	}
 	n, err := rw.ResponseWriterWrapper.Write(b)
+	if rw.stream && n > 0 && rw.st.firstAt.IsZero() {
+		// a stream's first bytes come with its first token
+		rw.st.firstAt = time.Now()
+	}
 	if rw.parser != nil && n > 0 && !rw.encoded {
 		_, _ = rw.parser.Write(b[:n])
 	}

@@ -282,7 +282,7 @@ func readMeta(r *bufio.Reader) ([]kv, error) {
 		if err := binary.Read(r, binary.LittleEndian, &typ); err != nil {
 			return nil, err
 		}
-		body, err := readValue(r, typ, nil)
+		body, err := readValue(r, typ, []byte{}) // non-nil: keep strings' length
 		if err != nil {
 			return nil, fmt.Errorf("key %s: %w", key, err)
 		}

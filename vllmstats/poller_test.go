@@ -459,7 +459,6 @@ func TestPollerCountersAppearingLater(t *testing.T) {
 	}
 }
 
-
 // llama.cpp: the KV capacity from /props (captured: 2 slots of 4096), read
 // once, not every round.
 func TestPollerLlamaCppCapacityFromProps(t *testing.T) {

@@ -202,8 +202,12 @@ func (a adminAPI) handleModel(w http.ResponseWriter, r *http.Request) error {
 		if err := noAdminBody(r); err != nil {
 			return err
 		}
-		if !m.unbind(key) {
-			return apiErr(http.StatusNotFound, "session %q is not bound", key)
+		// a key over maxKeyLen is bound by its compact form (start ~
+		// digest); given in full or in that form, it unpins the same
+		// conversation. The 404 does not repeat the key (it may be long,
+		// or a secret).
+		if !m.unbind(key) && (len(key) <= maxKeyLen || !m.unbind(compactKey(key))) {
+			return apiErr(http.StatusNotFound, "no conversation is bound to that session key (%d bytes)", len(key))
 		}
 		return writeJSON(w, map[string]bool{"unbound": true})
 	}
@@ -216,14 +220,16 @@ const maxAdminBody = 1 << 20
 
 // decodeAdminBody decodes the request's body, one JSON value and nothing
 // after it but white space, into v. A body that is not exactly that gets
-// 400, one over maxAdminBody 413; v's fields not in the body keep their
-// values.
+// 400 (so does a field v does not have), one over maxAdminBody 413; v's
+// fields not in the body keep their values.
 func decodeAdminBody(r *http.Request, v any) error {
 	body, err := readAdminBody(r)
 	if err != nil {
 		return err
 	}
 	dec := json.NewDecoder(strings.NewReader(body))
+	// a misspelt field is an error, not a write that changes nothing
+	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		return apiErr(http.StatusBadRequest, "decoding body: %v", err)
 	}
@@ -280,6 +286,23 @@ type Card struct {
 	Warning string `json:"warning"`
 	// Store is the shared binding store's state; absent without one.
 	Store *StoreStatus `json:"store,omitempty"`
+	// RecentSpills are the last turns whose replica was over the spill
+	// threshold and that another replica could take, oldest first, with
+	// the estimates that moved them or kept them.
+	RecentSpills []SpillRow `json:"recent_spills"`
+}
+
+// SpillRow is one spill decision on the card: the turn's expected time to
+// first token on its replica (stay) and on the target, its history of
+// context_tokens recomputed there (move); moved says which won.
+type SpillRow struct {
+	At            time.Time `json:"at"`
+	From          string    `json:"from"`
+	To            string    `json:"to"`
+	StayS         float64   `json:"stay_s"`
+	MoveS         float64   `json:"move_s"`
+	ContextTokens int       `json:"context_tokens"`
+	Moved         bool      `json:"moved"`
 }
 
 // AdmissionRow is working-set admission's state on the card.
@@ -351,17 +374,26 @@ type ReplicaRow struct {
 	StayedOverloaded uint64     `json:"stayed_overloaded"`
 	Placed           uint64     `json:"placed"`
 	SpillAccepted    uint64     `json:"spill_accepted"`
-	ClientPinned     uint64     `json:"client_pinned"`
-	Replaced         uint64     `json:"re_placed"`
-	AffinityOff      uint64     `json:"affinity_off"`
-	NoKey            uint64     `json:"no_key"`
+	// SpillDeclined counts turns that stayed here over the threshold
+	// because moving was not expected to bring their first token sooner.
+	SpillDeclined uint64 `json:"spill_declined"`
+	// PrefillRate is the prefill rate learned from the turns here, in
+	// tokens per second; null before one was learned.
+	PrefillRate  *float64 `json:"prefill_rate"`
+	ClientPinned uint64   `json:"client_pinned"`
+	Replaced     uint64   `json:"re_placed"`
+	AffinityOff  uint64   `json:"affinity_off"`
+	NoKey        uint64   `json:"no_key"`
 	// Restarted counts conversations placed here anew because their start
 	// changed under the same key (compacted or cleared); ColdReplaced those
 	// placed here because their replica no longer held their cache;
 	// ColdMarked the bindings here found cold (the replica restarted
 	// since their last turn); Ended the bindings here dropped
-	// because the client ended the session.
+	// because the client ended the session; Side the side requests routed
+	// here (another start under a bound conversation's key: a session
+	// title, a summary, a probe), which moved no conversation.
 	Restarted    uint64 `json:"restarted"`
+	Side         uint64 `json:"side"`
 	ColdReplaced uint64 `json:"cold_replaced"`
 	ColdMarked   uint64 `json:"cold_marked"`
 	Ended        uint64 `json:"ended"`
@@ -434,20 +466,27 @@ func buildCard(m *modelState, now time.Time) Card {
 		Requests: s.Requests, KeyedRequests: s.KeyedRequests, Bindings: s.Bindings,
 		Since: s.Since.UTC(), Writable: true, Replicas: make([]ReplicaRow, 0, len(s.Replicas)),
 		Admission: admissionRow(s.Admission), Warning: overcommitMessage(s.Admission),
-		Store: m.storeStatus(),
+		Store: m.storeStatus(), RecentSpills: make([]SpillRow, 0, len(s.RecentSpills)),
+	}
+	for _, sc := range s.RecentSpills {
+		c.RecentSpills = append(c.RecentSpills, SpillRow{At: sc.At.UTC(), From: sc.From, To: sc.To,
+			StayS: sc.Stay.Seconds(), MoveS: sc.Move.Seconds(), ContextTokens: sc.Context, Moved: sc.Moved})
 	}
 	for _, r := range s.Replicas {
 		row := ReplicaRow{
 			ID: r.ID, Available: r.Available, Out: r.Out.Names(), ProxyFailures: r.ProxyFailures, Held: r.InFlight,
 			Sticky: r.Sticky, StayedOverloaded: r.StayedOverloaded, Placed: r.Placed,
-			SpillAccepted: r.SpillAccepted, ClientPinned: r.ClientPinned, Replaced: r.Replaced,
+			SpillAccepted: r.SpillAccepted, SpillDeclined: r.SpillDeclined, ClientPinned: r.ClientPinned, Replaced: r.Replaced,
 			AffinityOff: r.AffinityOff, NoKey: r.NoKey, Bindings: r.Bindings, Active: r.Active,
-			Restarted: r.Restarted, ColdReplaced: r.ColdReplaced, ColdMarked: r.ColdMarked, Ended: r.Ended,
+			Restarted: r.Restarted, Side: r.Side, ColdReplaced: r.ColdReplaced, ColdMarked: r.ColdMarked, Ended: r.Ended,
 			PredictedCached: r.PredictedTokens, DeliveredCached: r.DeliveredTokens,
 			WorkingSetTokens: r.WorkingSet, Full: r.Full,
 		}
 		if r.Capacity > 0 {
 			row.KVCapacityTokens = optional(r.Capacity)
+		}
+		if r.PrefillRate > 0 {
+			row.PrefillRate = optional(r.PrefillRate)
 		}
 		if r.PredictedTokens > 0 {
 			row.DeliveredShare = optional(r.DeliveredShare())

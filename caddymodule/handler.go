@@ -79,11 +79,18 @@ type Handler struct {
 	// binding carries a fingerprint of its conversation's start (the
 	// model and the messages up to the first user message), read from the
 	// body's first bytes when they hold it (the rest is streamed on), else
-	// from the whole body; a bound conversation whose start changed was
-	// compacted or cleared and is placed anew by load (restarted). Claude
-	// Code's requests keep their start over a conversation's turns and
-	// over --continue; it changes after /compact and when the model is
-	// switched (testdata/claudecode). Turn it off for a client that
+	// from the whole body. A request whose start differs from its bound
+	// conversation's is a side request (a session title, a summary, a
+	// probe, a call to another model under the same key), routed without
+	// moving the conversation (side); when the same new start comes again
+	// before the conversation's own in a request with more than one
+	// message, the conversation was compacted or cleared and goes on with
+	// it (restarted, once). Claude Code's
+	// requests keep their start over a conversation's turns, over
+	// --continue and in the summarising request of /compact; it changes
+	// after /compact and when the model is switched, and its side
+	// requests have starts of their own (testdata/claudecode,
+	// testdata/claudecode-interactive). Turn it off for a client that
 	// rewrites its first message from turn to turn.
 	NoRestartDetection bool `json:"no_restart_detection,omitempty"`
 
@@ -199,6 +206,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// response, and they must not be written then (see finish).
 	st := new(routeState)
 	st.api = apiOf(r.URL.Path)
+	st.maxBody = h.MaxBody
 	st.key, st.parent = h.keys.fromHeaders(r.Header)
 
 	st.end = h.sessionEnds(r.Header)
@@ -215,7 +223,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			return caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("reading request body: %w", err))
 		}
 		if nb, ok := stripBillingBlock(body); ok {
-			h.replay(r, nb, &st.rb)
+			replay(r, nb, &st.rb)
 			body = nb
 		}
 		full = body
@@ -274,11 +282,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 	rw := watcherPool.Get().(*responseWatcher)
 	rw.ResponseWriter, rw.st = w, st
-	rw.measure = r.Method == http.MethodPost && !strings.HasSuffix(r.URL.Path, "/count_tokens")
-	rw.ctx = r.Context()
+	rw.inference = isInference(r)
+	rw.measure = rw.inference
+	rw.ctx, rw.remote = r.Context(), r.RemoteAddr
 	defer h.finish(rw)
 
 	err := next.ServeHTTP(rw, r)
+	if !rw.wroteHeader {
+		// before any answer the handler writes itself below
+		rw.abandoned()
+	}
 	if err != nil && !rw.wroteHeader {
 		var herr caddyhttp.HandlerError
 		if errors.As(err, &herr) {
@@ -291,6 +304,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			case http.StatusServiceUnavailable:
 				if st.refused && st.model != nil {
 					return h.refuse(rw, r, st)
+				}
+				if st.bodyErr != nil {
+					return h.fail(rw, r, st, st.bodyErr)
 				}
 				return h.fail(rw, r, st, err)
 			}
@@ -340,13 +356,14 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, st *routeState, e
 		return err
 	}
 	msg := herr.Err.Error()
-	if herr.StatusCode != http.StatusRequestEntityTooLarge {
+	if herr.StatusCode >= 500 {
 		msg = noReplicaMessage(st, herr.StatusCode)
 	}
 	writeAPIError(w, st.api, herr.StatusCode, msg)
 	if h.logger != nil {
 		level := zap.DebugLevel
-		if herr.StatusCode >= 500 {
+		if herr.StatusCode >= 500 && r.Context().Err() == nil {
+			// a client that left (a held request cancelled) is not an error
 			level = zap.ErrorLevel
 		}
 		if c := h.logger.Check(level, msg); c != nil {
@@ -404,6 +421,8 @@ func (h *Handler) finish(rw *responseWatcher) {
 	} else {
 		rw.st.finished(rw.status, nil, time.Now())
 	}
+	// the body the handler read is not read again (see replayBody)
+	rw.st.rb.release()
 	// The request's variables are left alone: the proxy's transport may
 	// still be dialling for this request in another goroutine (a client
 	// gone during the dial) and reads them there.

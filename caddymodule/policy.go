@@ -29,7 +29,10 @@ func init() {
 const RankHeader = "X-Data-Parallel-Rank"
 
 // RouteHeader is the response header naming the replica that served and why:
-// "X-LM-Warden-Route: 10.0.0.5:8001; sticky".
+// "X-LM-Warden-Route: 10.0.0.5:8001; sticky". A turn whose replica was over
+// the spill threshold adds the estimates of its time to first token there
+// and on the replica it could move to: "10.0.0.5:8001; spill-declined;
+// stay 0.40s, move 6.20s".
 const RouteHeader = "X-LM-Warden-Route"
 
 // WaitHeader is the response header, sent with RouteHeader, of a request
@@ -108,6 +111,15 @@ type Policy struct {
 	// each further failure without a success between, up to 1m or 12 times
 	// this, whichever is longer. Default 5s.
 	FailCooldown caddy.Duration `json:"fail_cooldown,omitempty"`
+
+	// How many turns in a row a replica must leave without response
+	// headers until their clients give up, from at least two clients and
+	// while other replicas answer, before it is out as for a failure
+	// (cause "abandoned turns", cooled down as fail_cooldown says). It
+	// finds a hung replica when clients give up before the transport's
+	// response_header_timeout. Default 3; -1 (Caddyfile: off) turns it
+	// off.
+	AbandonAfter int `json:"abandon_after,omitempty"`
 
 	// Path of the replicas' Prometheus metrics. Default /metrics.
 	MetricsPath string `json:"metrics_path,omitempty"`
@@ -200,6 +212,7 @@ func (p *Policy) routerConfig() placement.Config {
 		ActiveWindow:    time.Duration(p.ActiveWindow),
 		MaxBindings:     p.MaxSessions,
 		FailCooldown:    time.Duration(p.FailCooldown),
+		AbandonAfter:    p.AbandonAfter,
 		MaxFailCooldown: max(placement.DefaultMaxFailCooldown, 12*time.Duration(p.FailCooldown)),
 		AdmissionOff:    p.Admission != nil && !*p.Admission,
 		KVTokens:        p.KVTokens,
@@ -361,6 +374,8 @@ func (p *Policy) Validate() error {
 		return fmt.Errorf("lm_warden %s: spill_threshold must not be negative", p.Model)
 	case p.SpillWaiting < 0:
 		return fmt.Errorf("lm_warden %s: spill_waiting must not be negative", p.Model)
+	case p.AbandonAfter < -1:
+		return fmt.Errorf("lm_warden %s: abandon_after must be -1 (off) or positive, got %d", p.Model, p.AbandonAfter)
 	case p.FailCooldown < 0:
 		return fmt.Errorf("lm_warden %s: fail_cooldown must not be negative", p.Model)
 	case p.MaxNumSeqs < 0, p.MaxSessions < 0, p.FailAfter < 0, p.DataParallelSize < 0:
@@ -552,8 +567,8 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 		}
 	}
 	st.beginAttempt()
-	if st.refused {
-		return nil // the admission queue was full: 429 (the handler)
+	if st.refused || st.bodyErr != nil {
+		return nil // the admission queue was full (429) or the body failed: the handler answers
 	}
 
 	// nil unless a replica is full or was tried already: the request is
@@ -571,7 +586,8 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 	}
 	exclude = st.triedList(exclude)
 
-	req := placement.Request{Key: st.key, Parent: st.parent, Start: st.start, Tokens: p.tokens(r, st)}
+	start, lone := splitStart(st.start)
+	req := placement.Request{Key: st.key, Parent: st.parent, Start: start, Lone: lone, Tokens: p.tokens(r, st)}
 	if len(exclude) > 0 {
 		req.Exclude = exclude
 	}
@@ -580,7 +596,17 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 			req.Pin = p.pinned(v[0], rs)
 		}
 	}
+	req.Unread = st.unread(r)
 	dec, tk, err := p.m.route(req)
+	if errors.Is(err, placement.ErrUnread) {
+		// a new conversation admission may hold: its whole body first
+		// (see unread.go), then routed as it now stands
+		if st.readRest(w, r) != nil {
+			return nil
+		}
+		req.Unread, req.Tokens = false, p.tokens(r, st)
+		dec, tk, err = p.m.route(req)
+	}
 	var waited time.Duration
 	if tk != nil {
 		if dec, waited, err = p.m.await(r.Context(), tk); err == nil {
@@ -608,7 +634,12 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 		reason = 0
 	}
 	if p.routeHeader && w != nil {
-		w.Header()[routeHeaderKey] = []string{at.routes[reason]}
+		route := at.routes[reason]
+		if dec.Stay != 0 || dec.Move != 0 {
+			// a turn over the threshold: the estimates that decided it
+			route += "; " + placement.SpillCost{Stay: dec.Stay, Move: dec.Move}.String()
+		}
+		w.Header()[routeHeaderKey] = []string{route}
 		if tk != nil {
 			w.Header().Set(WaitHeader, strconv.FormatFloat(waited.Seconds(), 'f', 3, 64))
 		}

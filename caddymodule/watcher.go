@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"context"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -19,15 +20,22 @@ import (
 type responseWatcher struct {
 	caddyhttp.ResponseWriterWrapper
 	ctx         context.Context // the request's: done when the client has gone
+	remote      string          // the client's address (names a keyless client)
 	answered    bool            // the replica's answer was reported a success
 	failReport  bool            // the request's failure was reported
 	st          *routeState
 	parser      *vllmstats.UsageParser
 	measure     bool
+	inference   bool // the request asks the engine for a generation (isInference)
 	wroteHeader bool
 	status      int
 	encoded     bool // the response has a Content-Encoding: usage cannot be read
+	stream      bool // a measured event stream: its first write marks the first token
 }
+
+// statusClientClosed is the status Caddy's proxy records for a request
+// whose client left before the upstream answered.
+const statusClientClosed = 499
 
 var watcherPool = sync.Pool{New: func() any { return new(responseWatcher) }}
 
@@ -41,13 +49,26 @@ func (rw *responseWatcher) WriteHeader(status int) {
 		rw.ResponseWriterWrapper.WriteHeader(status)
 		return
 	}
+	if status == statusClientClosed && !rw.answered && rw.ctx != nil && rw.ctx.Err() != nil {
+		// Caddy's proxy records a client that left before the replica
+		// answered: no answer of the replica's
+		rw.abandoned()
+		rw.wroteHeader, rw.status = true, status
+		rw.ResponseWriterWrapper.WriteHeader(status)
+		return
+	}
 	rw.wroteHeader = true
 	rw.status = status
 	if rw.st.routed && !rw.answered {
-		// the replica answered: a 5xx is its failure, anything else ends
-		// its run of failures (a stream it cuts later is still one)
+		// the replica answered: a 5xx to an inference request is its
+		// failure, anything else ends its run of failures (a stream it
+		// cuts later is still one); a 5xx to a probe (HEAD, GET
+		// /v1/models, Claude Code's HEAD /api/hello) says nothing about
+		// the engine: a 501 from a server that does not know the path
 		if status >= 500 {
-			rw.failed()
+			if rw.inference {
+				rw.failed()
+			}
 		} else {
 			rw.answered = true
 			rw.st.dec.Succeeded()
@@ -59,12 +80,20 @@ func (rw *responseWatcher) WriteHeader(status int) {
 		if !rw.encoded {
 			stream := strings.HasPrefix(h.Get("Content-Type"), "text/event-stream")
 			rw.parser = getParser(rw.st.api, stream)
+			rw.stream = stream
 		} else {
 			// compressed: cannot read usage; the request still counts, unmeasured
 			rw.parser = getParser(vllmstats.APIOpenAI, false)
 		}
 	}
 	rw.ResponseWriterWrapper.WriteHeader(status)
+}
+
+// isInference reports whether r asks the engine for a generation: a POST
+// other than a token count. Only those requests' error answers count
+// against a replica.
+func isInference(r *http.Request) bool {
+	return r.Method == http.MethodPost && !strings.HasSuffix(r.URL.Path, "/count_tokens")
 }
 
 // failed reports the request's failure at its replica, once, unless the
@@ -77,12 +106,35 @@ func (rw *responseWatcher) failed() {
 	rw.st.dec.Failed(time.Time{})
 }
 
+// abandoned reports a routed request whose client left before the replica
+// sent response headers (nor was the request's failure reported): see
+// placement.Decision.Abandoned.
+func (rw *responseWatcher) abandoned() {
+	if rw.wroteHeader || rw.failReport || rw.st == nil || !rw.st.routed || rw.ctx == nil || rw.ctx.Err() == nil {
+		return
+	}
+	rw.failReport = true
+	client := rw.st.key
+	if client == "" {
+		host, _, err := net.SplitHostPort(rw.remote)
+		if err != nil {
+			host = rw.remote
+		}
+		client = "addr:" + host
+	}
+	rw.st.dec.Abandoned(client, time.Time{})
+}
+
 // Write passes b through and parses a copy.
 func (rw *responseWatcher) Write(b []byte) (int, error) {
 	if !rw.wroteHeader {
 		rw.WriteHeader(http.StatusOK)
 	}
 	n, err := rw.ResponseWriterWrapper.Write(b)
+	if rw.stream && n > 0 && rw.st.firstAt.IsZero() {
+		// a stream's first bytes come with its first token
+		rw.st.firstAt = time.Now()
+	}
 	if rw.parser != nil && n > 0 && !rw.encoded {
 		_, _ = rw.parser.Write(b[:n])
 	}

@@ -36,6 +36,10 @@ const (
 // and Config.AdmitQueue conversations are waiting already.
 var ErrQueueFull = errors.New("placement: admission queue is full")
 
+// ErrUnread is returned by Admit for a new conversation under admission
+// whose request says its body has not arrived in full (Request.Unread).
+var ErrUnread = errors.New("placement: the request's body is not read yet")
+
 const (
 	// flagIdle: the conversation's last turn has ended (its entry's last is
 	// then that end), so its next turn measures a pause.
@@ -219,7 +223,14 @@ func (r *Router) fits(p *replica, est int64, now int64) bool {
 	own, base := r.residentSet(p, now)
 	ws := own + base
 	est = max(est-min(base, est/2), r.peak())
-	high := int64(r.cfg.HighWater * float64(c))
+	high := r.markFull(p, ws, c)
+	return ws == 0 || (!p.full && ws+est <= high)
+}
+
+// markFull updates p's hysteresis state (full) for its working set ws of
+// capacity c and returns the high-water mark in tokens. r.mu held.
+func (r *Router) markFull(p *replica, ws, c int64) (high int64) {
+	high = int64(r.cfg.HighWater * float64(c))
 	low := int64((r.cfg.HighWater - AdmitHysteresis) * float64(c))
 	switch {
 	case ws >= high:
@@ -227,7 +238,7 @@ func (r *Router) fits(p *replica, est int64, now int64) bool {
 	case ws <= low:
 		p.full = false
 	}
-	return ws == 0 || (!p.full && ws+est <= high)
+	return high
 }
 
 // estimate is the context assumed for a new conversation whose request

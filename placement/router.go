@@ -49,11 +49,22 @@ type Config struct {
 	// replica's running count stays far below the threshold while its
 	// queue grows; this catches that case. Zero (the default) turns it off.
 	SpillWaiting int
+	// SpillMargin is how much sooner a turn over the threshold must be
+	// expected to get its first token on another replica, its history
+	// recomputed there, than on its own for it to move (see the package
+	// doc, "Spill cost"; default DefaultSpillMargin).
+	SpillMargin time.Duration
 	// FailCooldown is how long a replica stays out after a request to it
 	// failed (Decision.Failed); it doubles with every further failure
 	// without a success in between, up to MaxFailCooldown. Defaults 5s and
 	// 1m.
 	FailCooldown, MaxFailCooldown time.Duration
+	// AbandonAfter is how many turns in a row a replica must leave without
+	// response headers until their clients give up, from at least two
+	// clients and while other replicas answer, before it is out as for a
+	// proxy failure (Decision.Abandoned). Default DefaultAbandonAfter; -1
+	// turns the rule off.
+	AbandonAfter int
 
 	// Working-set admission (see the package doc, "Admission"); on unless
 	// AdmissionOff, in force while every replica's KV capacity is known.
@@ -82,6 +93,9 @@ func (c Config) withDefaults() Config {
 	if c.SpillThreshold < 0 {
 		c.SpillThreshold = 0
 	}
+	if c.SpillMargin <= 0 {
+		c.SpillMargin = DefaultSpillMargin
+	}
 	if c.IdleTTL <= 0 {
 		c.IdleTTL = DefaultIdleTTL
 	}
@@ -102,6 +116,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxFailCooldown < c.FailCooldown {
 		c.MaxFailCooldown = c.FailCooldown
+	}
+	if c.AbandonAfter == 0 {
+		c.AbandonAfter = DefaultAbandonAfter
 	}
 	if c.KVTokens < 0 {
 		c.KVTokens = 0
@@ -158,14 +175,30 @@ type Request struct {
 	Now     time.Time // zero = time.Now()
 	Exclude []string  // replicas not to choose for this request
 	// Start is a fingerprint of the conversation's start (model, system
-	// prompt, first user message); 0 = unknown. A turn whose Key has a
-	// binding recorded with another start is a restarted conversation
-	// (compacted or cleared): it is placed anew by load (ReasonRestarted).
+	// prompt, first user message); 0 = unknown. A request whose Key has a
+	// binding recorded with another start is a side request (ReasonSide),
+	// routed without moving the conversation, unless that start came in a
+	// side request before with no turn of the conversation in between: the
+	// conversation was compacted or cleared and goes on with it
+	// (ReasonRestarted). See side.go.
 	Start uint64
+	// Lone says the request holds a single message: with a start other
+	// than its conversation's it is a side request that never becomes the
+	// conversation however often it comes (a title request, a permission
+	// classifier's call retried); a conversation's turns after the first
+	// carry its history.
+	Lone bool
 	// Tokens estimates the request's prompt in tokens (e.g. from its
 	// body's size); 0 = unknown. Admission counts a conversation with it
 	// until the engine reports the context (Feedback).
 	Tokens int
+	// Unread reports that the request's body has not arrived in full. A
+	// new conversation that admission may queue is then neither placed
+	// nor queued: Admit returns ErrUnread and counts nothing, and the
+	// caller routes the request again once its body is in. A client that
+	// stalls its body so holds no place in the queue and no room in a
+	// replica's working set.
+	Unread bool
 }
 
 // Reason says why a replica was chosen.
@@ -183,10 +216,16 @@ const (
 	ReasonClientPinned
 	ReasonRestarted
 	ReasonColdReplaced
+	ReasonSide
+	// ReasonSpillDeclined: the replica is over the threshold and another
+	// could take the turn, but moving it was not expected to bring its
+	// first token sooner by SpillMargin (see the package doc, "Spill
+	// cost").
+	ReasonSpillDeclined
 )
 
 // NumReasons bounds the Reason values: every Reason is below it.
-const NumReasons = int(ReasonColdReplaced) + 1
+const NumReasons = int(ReasonSpillDeclined) + 1
 
 var reasonNames = [...]string{
 	ReasonAffinityOff:      "affinity-off",
@@ -199,6 +238,8 @@ var reasonNames = [...]string{
 	ReasonClientPinned:     "client-pinned",
 	ReasonRestarted:        "restarted",
 	ReasonColdReplaced:     "cold-replaced",
+	ReasonSide:             "side",
+	ReasonSpillDeclined:    "spill-declined",
 }
 
 // String returns the reason's short name, e.g. "sticky".
@@ -230,14 +271,19 @@ type replica struct {
 	failStreak int          // proxy failures since the last success
 	streak     atomic.Int32 // failStreak, read without the lock
 	proxyFails uint64       // proxy failures reported, ever
+	coolCause  Cause        // what the cool-down is for: CauseProxy or CauseAbandoned
+	ab         abandonState // turns left unanswered until their clients gave up
 
 	// bindings list, most recent first; entries head..activeTail are active.
 	head, tail, activeTail int32
 	bindings, active       int
 
 	sticky, stayed, placed, spill, pinned, replaced, affOff, noKey uint64
+	declined                                                       uint64 // turns that stayed over the threshold: moving did not pay
+	cost                                                           cost   // the spill cost model's figures (spill.go)
 
 	restarted, coldReplaced, ended, coldMarked uint64
+	side                                       uint64 // side requests routed here (side.go)
 	measured, predicted, delivered             uint64 // sticky turns with a prediction, and their tokens
 
 	exclEpoch uint64 // equals Router.exclEpoch when excluded for the current request
@@ -307,6 +353,8 @@ type Router struct {
 	inflight atomic.Int64
 	slots    slotPool
 
+	side map[uint64]sideStarts // recent side starts of bindings with flagSide, by hash (side.go)
+
 	// working-set admission (admission.go)
 	admit                                                          bool // in force
 	queue                                                          []*Ticket
@@ -315,6 +363,10 @@ type Router struct {
 	waitedNanos                                                    uint64
 	turnFP                                                         recent // footprints of recent turns (peak)
 	gaps                                                           recent // recent pauses between turns, in milliseconds
+
+	// the last spill decisions (spill.go), a ring
+	spillLog [recentSpills]SpillCost
+	spillN   uint64
 }
 
 // NewRouter returns a Router with cfg (defaults filled) and no replicas.
@@ -610,18 +662,37 @@ func (r *Router) route(req Request, queue bool) (Decision, *Ticket, error) {
 	}
 
 	bound := r.reps[r.b.ents[e].rep]
+	var again bool
+	var at *replica
+	if en := &r.b.ents[e]; req.Start != 0 && en.start != 0 && en.start != req.Start {
+		// Same key, another start: a side request (side.go), unless the
+		// start recurs
+		if !req.Lone {
+			again, at = r.recurs(e, req.Start)
+		}
+		if !again {
+			d, err := r.sideRoute(e, bound, req.Start, !req.Lone)
+			return d, nil, err
+		}
+	}
 	if r.admit {
 		r.arrive(e, req.Tokens, now)
 	}
-	if en := &r.b.ents[e]; req.Start != 0 && en.start != req.Start {
-		if en.start != 0 {
-			// Same key, another start: the conversation was compacted or
-			// cleared; its old prefix buys nothing, so it is placed by load.
-			en.start, en.prompt = req.Start, 0
-			d, err := r.replace(e, bound, now, ReasonRestarted)
-			return d, nil, err
+	if again {
+		// the conversation was compacted or cleared and continues with
+		// the new start: its old prefix buys nothing
+		d, err := r.restartAt(e, bound, at, req.Start, now)
+		return d, nil, err
+	}
+	if en := &r.b.ents[e]; req.Start != 0 {
+		if en.start == 0 {
+			en.start = req.Start
+		} else {
+			en.flags |= flagConfirmed
+			if en.flags&flagSide != 0 {
+				r.forgetSide(e) // the conversation went on: they were side requests
+			}
 		}
-		en.start = req.Start
 	}
 	if r.b.ents[e].flags&flagCold != 0 && r.usable(bound) && r.b.ents[e].flags&flagReplace == 0 {
 		// The engine reported the conversation's cache gone: staying buys
@@ -637,20 +708,49 @@ func (r *Router) route(req Request, queue bool) (Decision, *Ticket, error) {
 	}
 	r.keyed++
 	if bound.running() > r.threshold {
-		if p := r.spillTarget(e, bound, now, func(q *replica) bool { return q.running() <= r.threshold }); p != nil {
-			return r.spill(e, bound, p, now), nil, nil
-		}
-		bound.stayed++
-		return r.stay(e, bound, now, ReasonStayedOverloaded), nil, nil
+		return r.overThreshold(e, bound, req.Tokens, now), nil, nil
 	}
 	if k := r.cfg.SpillWaiting; k > 0 && bound.waitingKnown() && bound.waiting() >= k {
 		if p := r.spillTarget(e, bound, now, func(q *replica) bool {
 			return q.waitingKnown() && q.waiting() == 0 && q.running() <= r.threshold
 		}); p != nil {
-			return r.spill(e, bound, p, now), nil, nil
+			if c, ok := r.pays(e, bound, p, req.Tokens, now); ok {
+				return r.spill(e, bound, p, c, now), nil, nil
+			}
 		}
 	}
 	return r.stay(e, bound, now, ReasonSticky), nil, nil
+}
+
+// overThreshold routes a turn whose replica is over the threshold (rule
+// 4): to the best other replica not over it, or, when every other one is,
+// the best of those, if moving pays (see "Spill cost" in the package
+// doc); otherwise it stays. r.mu held.
+func (r *Router) overThreshold(e int32, bound *replica, tokens int, now int64) Decision {
+	under := true
+	p := r.spillTarget(e, bound, now, func(q *replica) bool { return q.running() <= r.threshold })
+	if p == nil {
+		under = false
+		p = r.spillTarget(e, bound, now, func(*replica) bool { return true })
+	}
+	if p == nil {
+		bound.stayed++
+		return r.stay(e, bound, now, ReasonStayedOverloaded)
+	}
+	c, ok := r.pays(e, bound, p, tokens, now)
+	if ok {
+		return r.spill(e, bound, p, c, now)
+	}
+	var d Decision
+	if under {
+		bound.declined++
+		d = r.stay(e, bound, now, ReasonSpillDeclined)
+	} else {
+		bound.stayed++
+		d = r.stay(e, bound, now, ReasonStayedOverloaded)
+	}
+	d.Stay, d.Move = c.Stay, c.Move
+	return d
 }
 
 // placeNew places a new conversation (rule 6): its parent's replica when
@@ -673,6 +773,9 @@ func (r *Router) placeNew(req Request, h, parent uint64, now int64, queue bool) 
 		}
 	}
 	queue = queue && r.admit && !sub
+	if queue && req.Unread {
+		return Decision{}, nil, ErrUnread
+	}
 	if queue && len(r.queue) > 0 {
 		// earlier arrivals go first: this one waits behind them unless
 		// room lets them all in now
@@ -694,6 +797,7 @@ func (r *Router) placeNew(req Request, h, parent uint64, now int64, queue bool) 
 	if r.admit {
 		r.estimated(e, est)
 	}
+	p.addBacklog(int64(req.Tokens)-int64(p.base), now)
 	p.placed++
 	return r.take(p, ReasonPlaced, e), nil, nil
 }
@@ -723,12 +827,14 @@ func (r *Router) spillTarget(e int32, from *replica, now int64, ok func(*replica
 	return r.bestWith(now, func(q *replica) bool { return q != from && ok(q) && (!r.admit || r.fits(q, fp, now)) })
 }
 
-// spill moves the conversation of entry e from its replica to p.
-func (r *Router) spill(e int32, from, p *replica, now int64) Decision {
+// spill moves the conversation of entry e from its replica to p, where it
+// recomputes c.Context tokens.
+func (r *Router) spill(e int32, from, p *replica, c SpillCost, now int64) Decision {
 	r.rebind(e, p, now)
 	p.spill++
+	p.addBacklog(int64(c.Context), now)
 	d := r.take(p, ReasonSpilled, e)
-	d.Previous = from.id
+	d.Previous, d.Stay, d.Move = from.id, c.Stay, c.Move
 	return d
 }
 
@@ -749,6 +855,9 @@ func (r *Router) replace(e int32, from *replica, now int64, reason Reason) (Deci
 		return Decision{}, ErrNoReplica
 	}
 	r.b.ents[e].flags &^= flagReplace | flagCold
+	if p != from || reason != ReasonReplaced {
+		p.addBacklog(r.recompute(e, p, 0), now)
+	}
 	r.rebind(e, p, now)
 	switch reason {
 	case ReasonRestarted:
@@ -956,6 +1065,10 @@ type Snapshot struct {
 	Since          time.Time         // when the counters started
 	Replicas       []ReplicaSnapshot // present replicas, sorted by ID
 	Admission      AdmissionSnapshot
+	// RecentSpills are the last spill decisions (turns over the threshold
+	// that another replica could take), oldest first, with the estimates
+	// that decided them.
+	RecentSpills []SpillCost
 }
 
 // ReplicaSnapshot is one replica's row of the routing card.
@@ -972,12 +1085,14 @@ type ReplicaSnapshot struct {
 	StayedOverloaded uint64 // stayed because every other replica was over the threshold too
 	Placed           uint64 // new conversations placed here
 	SpillAccepted    uint64 // conversations moved here from a replica over the threshold
+	SpillDeclined    uint64 // turns that stayed here over the threshold: moving did not pay (ReasonSpillDeclined)
 	ClientPinned     uint64 // requests the client pinned here
 	Replaced         uint64 // conversations moved here because their replica went away
 	AffinityOff      uint64 // per-request picks with affinity off
 	NoKey            uint64 // per-request picks for requests without a key
 
 	Restarted    uint64 // conversations placed here after their start changed (compacted, cleared)
+	Side         uint64 // side requests routed here: another start under a bound conversation's key, not moving it
 	ColdReplaced uint64 // conversations placed here because their replica's cache was found gone
 	ColdMarked   uint64 // bindings here marked cold (delivered far below predicted, or the replica restarted)
 	Ended        uint64 // bindings here dropped because the client ended the session
@@ -996,6 +1111,13 @@ type ReplicaSnapshot struct {
 	// mark and takes no new conversation until below the low-water mark.
 	WorkingSet, Capacity int64
 	Full                 bool
+
+	// The spill cost model's figures: the prefill rate learned from the
+	// turns here, in tokens per second, and the mean time from routing to
+	// a turn's end (0 when none was learned yet: DefaultPrefillRate and
+	// DefaultTurnTime apply).
+	PrefillRate float64
+	TurnTime    time.Duration
 }
 
 // DeliveredShare is DeliveredTokens / PredictedTokens; 0 when nothing was
@@ -1027,6 +1149,7 @@ func (r *Router) Snapshot() Snapshot {
 		Since:          r.since,
 		Replicas:       make([]ReplicaSnapshot, 0, len(r.order)),
 		Admission:      r.admissionSnapshot(),
+		RecentSpills:   r.recentSpillCosts(),
 	}
 	if r.keyed > 0 {
 		s.StickyShare = float64(r.sticky) / float64(r.keyed)
@@ -1040,15 +1163,22 @@ func (r *Router) Snapshot() Snapshot {
 		if p.coolUntil > r.clock {
 			until = time.Unix(0, p.coolUntil)
 		}
+		ws, c := r.workingSet(p, r.clock), r.capacity(p)
+		if c > 0 {
+			// full follows the working set between placements too (the
+			// queue drained, conversations went quiet)
+			r.markFull(p, ws, c)
+		}
 		s.Replicas = append(s.Replicas, ReplicaSnapshot{
 			ID: p.id, Available: out == 0, Out: out, CooldownUntil: until, ProxyFailures: p.proxyFails,
 			InFlight: int(p.inflight.Load()),
-			Sticky:   p.sticky, StayedOverloaded: p.stayed, Placed: p.placed, SpillAccepted: p.spill,
+			Sticky:   p.sticky, StayedOverloaded: p.stayed, Placed: p.placed, SpillAccepted: p.spill, SpillDeclined: p.declined,
 			ClientPinned: p.pinned, Replaced: p.replaced, AffinityOff: p.affOff, NoKey: p.noKey,
-			Restarted: p.restarted, ColdReplaced: p.coldReplaced, ColdMarked: p.coldMarked, Ended: p.ended,
+			Restarted: p.restarted, Side: p.side, ColdReplaced: p.coldReplaced, ColdMarked: p.coldMarked, Ended: p.ended,
 			MeasuredTurns: p.measured, PredictedTokens: p.predicted, DeliveredTokens: p.delivered,
 			Bindings: p.bindings, Active: p.active, Load: p.load,
-			WorkingSet: r.workingSet(p, r.clock), Capacity: r.capacity(p), Full: p.full,
+			WorkingSet: ws, Capacity: c, Full: p.full,
+			PrefillRate: p.cost.rate, TurnTime: time.Duration(p.cost.turn * 1e9),
 		})
 		row := &s.Replicas[len(s.Replicas)-1]
 		s.Admission.WorkingSetTokens += row.WorkingSet

@@ -92,7 +92,7 @@
   }
 
   // Card page.
-  var replicaCols = ["id", "held", "sticky", "spill_accepted", "client_pinned", "run_wait", "kv", "hit", "delivered", "restarted", "cold_replaced", "ended", "bindings", "working_set", "state"];
+  var replicaCols = ["id", "held", "sticky", "spill_accepted", "spill_declined", "client_pinned", "run_wait", "kv", "hit", "delivered", "restarted", "side", "cold_replaced", "ended", "bindings", "working_set", "state"];
   var writable = false;
   var affinityOn = null;
 

@@ -230,7 +230,7 @@ func (s *simulator) stage(mode string, n int) (Stage, error) {
 	if PolicyOf(mode) == "lm_warden" {
 		c := s.router.Config()
 		c.AffinityOff = mode == ModeOff
-		c.AdmissionOff = mode != ModeAdmit
+		c.AdmissionOff = !Admits(mode)
 		s.router.Reconfigure(c)
 	}
 	first := len(s.turns)
@@ -290,7 +290,7 @@ func (s *simulator) stage(mode string, n int) (Stage, error) {
 		if nextPoll < next || (nextPoll == next && which < 0) {
 			s.now = nextPoll
 			s.poll()
-			if mode == ModeAdmit {
+			if Admits(mode) {
 				s.router.AdmitWaiting(simEpoch.Add(s.now))
 				s.admitted(slots)
 			}
@@ -340,7 +340,7 @@ func (s *simulator) stage(mode string, n int) (Stage, error) {
 // PolicyOf names the router behind a mode in reports: lm_warden for affinity
 // off and on, vllm_dp for vLLM's own balancer, else the Caddy policy.
 func PolicyOf(mode string) string {
-	if mode == ModeOff || mode == ModeOn || mode == ModeLifecycle || mode == ModeAdmit {
+	if mode == ModeOff || mode == ModeOn || mode == ModeLifecycle || mode == ModeAdmit || mode == ModeDefault {
 		return "lm_warden"
 	}
 	if mode == ModeVLLMDP {
@@ -390,7 +390,7 @@ func (s *simulator) finishStep(i int) {
 			t.rec.End = s.now
 			t.rec.Output = len(t.req.Output)
 			s.done(t)
-			if s.mode == ModeLifecycle || s.mode == ModeAdmit {
+			if ChecksLifecycle(s.mode) || Admits(s.mode) {
 				// What the Caddy module does with the usage of every
 				// finished turn, after it released the turn's slot.
 				s.router.Feedback(placement.Turn{Key: t.slot.sess.ID, Replica: e.id, Reason: t.reason,
@@ -548,7 +548,7 @@ func (s *simulator) route(key string, start uint64, tokens int) (int, placement.
 		}
 		return best, 0, noRelease, nil
 	}
-	if s.mode != ModeLifecycle {
+	if !ChecksLifecycle(s.mode) {
 		start = 0 // LM Warden without the lifecycle checks
 	}
 	// Admit routes as Route does unless admission is on (the admit mode)
@@ -593,7 +593,7 @@ func (s *simulator) poll() {
 	}
 	for _, e := range s.engines {
 		st := e.e.Stats()
-		if last != nil && s.mode == ModeLifecycle && float64(st.PrefixQueries) < last.Replicas[e.id].Queries {
+		if last != nil && ChecksLifecycle(s.mode) && float64(st.PrefixQueries) < last.Replicas[e.id].Queries {
 			// The counters went back: the replica restarted, as the
 			// poller sees it; its bindings are cold.
 			s.router.ColdReplicaSince(e.id, simEpoch.Add(last.At))

@@ -57,7 +57,7 @@ type SimConfig struct {
 }
 
 // DefaultSimConfig is the reference measurement's sweep: 4 replicas of the
-// calibrated engine, stages 4–32, affinity off then on, 3-minute stages
+// calibrated engine, stages 4–32, vLLM's balancer, LM Warden as shipped, affinity alone, 3-minute stages
 // after a 30-second warm-up.
 func DefaultSimConfig() SimConfig {
 	return SimConfig{
@@ -65,7 +65,7 @@ func DefaultSimConfig() SimConfig {
 		Engine:       emulator.DefaultEngineConfig(),
 		Replicas:     4,
 		Stages:       []int{4, 8, 16, 24, 32},
-		Modes:        []string{ModeVLLMDP, ModeOn},
+		Modes:        []string{ModeVLLMDP, ModeDefault, ModeOn},
 		StageLength:  3 * time.Minute,
 		Warmup:       30 * time.Second,
 		PollInterval: time.Second,

@@ -19,7 +19,13 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	_ "github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"     // the Caddyfile adapter
 	_ "github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile" // the http server type
-	_ "github.com/caddyserver/caddy/v2/modules/standard"
+	// Only the Caddy modules the demo's Caddyfiles use (the http app,
+	// reverse_proxy with its selection policies, health checks and http
+	// transport, which brings the headers handler), not all of Caddy's
+	// standard modules: a first run then downloads and compiles far less.
+	// A user's Caddy (cmd/caddy, xcaddy) keeps the standard set.
+	_ "github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	_ "github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 
 	_ "github.com/lmwarden/caddy-lmwarden/caddymodule"
 	"github.com/lmwarden/caddy-lmwarden/emulator"

@@ -112,6 +112,7 @@ func TestSimDeterministic(t *testing.T) {
 func TestSimOverloadIsKVBound(t *testing.T) {
 	cfg := DefaultSimConfig()
 	cfg.Stages = []int{24}
+	cfg.Modes = []string{ModeVLLMDP, ModeOn} // the policies without admission
 	cfg.StageLength, cfg.Warmup = 90*time.Second, 30*time.Second
 	var details []SimDetail
 	cfg.Detail = func(d SimDetail) { details = append(details, d) }
@@ -231,6 +232,7 @@ func TestSimCalibration(t *testing.T) {
 		t.Skip("full sweep")
 	}
 	cfg := DefaultSimConfig()
+	cfg.Modes = []string{ModeVLLMDP, ModeOn} // the reference measurement's two
 	rep := simLogged(t, cfg)
 	get := func(mode string, n int, col string) float64 {
 		st, ok := rep.Find(mode, n)

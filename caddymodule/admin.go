@@ -336,9 +336,15 @@ type ReplicaRow struct {
 	CooldownUntil *time.Time `json:"cooldown_until"`
 	// ProxyFailures counts requests that failed at the replica (no
 	// connection, no response headers in time, 5xx, stream cut).
-	ProxyFailures    uint64     `json:"proxy_failures"`
-	Reachable        bool       `json:"reachable"`
-	LastError        string     `json:"last_error"`
+	ProxyFailures uint64 `json:"proxy_failures"`
+	Reachable     bool   `json:"reachable"`
+	LastError     string `json:"last_error"`
+	// Engine is the engine whose metric names the replica's /metrics was
+	// read as (vllm, sglang, llamacpp, tgi): configured or detected; "" until
+	// known. MetricsUnread says why its last /metrics, answered with 200,
+	// gave no figures (the replica stays available, its figures unknown).
+	Engine           string     `json:"engine"`
+	MetricsUnread    string     `json:"metrics_unread,omitempty"`
 	LastSeen         *time.Time `json:"last_seen"`
 	Held             int        `json:"held"`
 	Sticky           uint64     `json:"sticky"`
@@ -354,8 +360,11 @@ type ReplicaRow struct {
 	// placed here because their replica no longer held their cache;
 	// ColdMarked the bindings here found cold (the replica restarted
 	// since their last turn); Ended the bindings here dropped
-	// because the client ended the session.
+	// because the client ended the session; Side the side requests routed
+	// here (another start under a bound conversation's key: a session
+	// title, a summary, a probe), which moved no conversation.
 	Restarted    uint64 `json:"restarted"`
+	Side         uint64 `json:"side"`
 	ColdReplaced uint64 `json:"cold_replaced"`
 	ColdMarked   uint64 `json:"cold_marked"`
 	Ended        uint64 `json:"ended"`
@@ -368,10 +377,14 @@ type ReplicaRow struct {
 	DeliveredShare  *float64 `json:"delivered_share"`
 	// The engine's own figures: null when it has not exported them (or has
 	// not been polled yet), which is unknown, not 0.
-	Running            *int       `json:"running"`
-	Waiting            *int       `json:"waiting"`
-	KVUsage            *float64   `json:"kv_usage"`
-	PrefixHitRate      *float64   `json:"prefix_hit_rate"`
+	Running       *int     `json:"running"`
+	Waiting       *int     `json:"waiting"`
+	KVUsage       *float64 `json:"kv_usage"`
+	PrefixHitRate *float64 `json:"prefix_hit_rate"`
+	// PrefixIdle is true when the engine exports the prefix counters but
+	// looked up no prompt token in the window: the windowed rate is
+	// unknown (idle), not 0 %.
+	PrefixIdle         bool       `json:"prefix_idle"`
 	PrefixHitRateTotal *float64   `json:"prefix_hit_rate_total"`
 	Bindings           int        `json:"bindings"`
 	Active             int        `json:"active"`
@@ -432,7 +445,7 @@ func buildCard(m *modelState, now time.Time) Card {
 			Sticky: r.Sticky, StayedOverloaded: r.StayedOverloaded, Placed: r.Placed,
 			SpillAccepted: r.SpillAccepted, ClientPinned: r.ClientPinned, Replaced: r.Replaced,
 			AffinityOff: r.AffinityOff, NoKey: r.NoKey, Bindings: r.Bindings, Active: r.Active,
-			Restarted: r.Restarted, ColdReplaced: r.ColdReplaced, ColdMarked: r.ColdMarked, Ended: r.Ended,
+			Restarted: r.Restarted, Side: r.Side, ColdReplaced: r.ColdReplaced, ColdMarked: r.ColdMarked, Ended: r.Ended,
 			PredictedCached: r.PredictedTokens, DeliveredCached: r.DeliveredTokens,
 			WorkingSetTokens: r.WorkingSet, Full: r.Full,
 		}
@@ -456,9 +469,19 @@ func buildCard(m *modelState, now time.Time) Card {
 				t := st.LastSeen.UTC()
 				row.LastSeen = &t
 			}
+			if st.Dialect != vllmstats.DialectAuto {
+				row.Engine = st.Dialect.String()
+			}
+			row.MetricsUnread = st.Unread
 			if st.HitRateKnown {
-				row.PrefixHitRate = optional(st.HitRateWindow)
-				row.PrefixHitRateTotal = optional(st.HitRateTotal)
+				if st.HitRateWindowKnown {
+					row.PrefixHitRate = optional(st.HitRateWindow)
+				} else {
+					row.PrefixIdle = true
+				}
+				if st.QueriesSinceStart > 0 {
+					row.PrefixHitRateTotal = optional(st.HitRateTotal)
+				}
 			}
 		}
 		row.Running, row.Waiting, row.KVUsage = engineLoad(r.Load)

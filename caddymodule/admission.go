@@ -60,14 +60,22 @@ func (m *modelState) await(ctx context.Context, tk *placement.Ticket) (placement
 	return d, waited, err
 }
 
+// maxRetryAfter is the longest Retry-After a refused request gets, in
+// seconds: the longest clients wait and retry. Claude Code retries a 429
+// after 60 s and gives up at once on 90 s; the Anthropic Python SDK
+// honours at most 60 s (longer: its own backoff of at most 8 s), the
+// OpenAI Node SDK at most 60 s, the OpenAI Python SDK 120 s.
+const maxRetryAfter = 60
+
 // retryAfter is the Retry-After of a refused request: the mean wait of the
-// conversations admitted so far, at least a second, at most admit_wait.
+// conversations admitted so far, at least a second, at most admit_wait
+// and maxRetryAfter.
 func retryAfter(a placement.AdmissionSnapshot) int {
 	wait := a.Wait
 	if n := a.AdmittedAfterWait + a.AdmittedAtLimit; n > 0 {
 		wait = min(wait, a.WaitedTotal/time.Duration(n))
 	}
-	return max(1, int(math.Ceil(wait.Seconds())))
+	return min(maxRetryAfter, max(1, int(math.Ceil(wait.Seconds()))))
 }
 
 // refuse answers a request the admission queue had no room for: 429 with
@@ -77,8 +85,12 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, st *routeState)
 	a := st.model.router.Admission()
 	secs := retryAfter(a)
 	w.Header().Set("Retry-After", strconv.Itoa(secs))
-	msg := fmt.Sprintf("model %s is at capacity: %d conversations are waiting for room in the replicas' KV caches (admit_queue %d); retry in %d s",
-		st.model.name, a.Waiting, a.QueueLimit, secs)
+	are := "are"
+	if a.Waiting == 1 {
+		are = "is"
+	}
+	msg := fmt.Sprintf("model %s is at capacity: %d conversation%s %s waiting for room in the replicas' KV caches (admit_queue %d); retry in %d s",
+		st.model.name, a.Waiting, plural(a.Waiting), are, a.QueueLimit, secs)
 	err := caddyhttp.Error(http.StatusTooManyRequests, fmt.Errorf("%s", msg))
 	if h.ErrorResponse == "caddy" || hasErrorRoutes(r) {
 		return err

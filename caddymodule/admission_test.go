@@ -128,7 +128,7 @@ func TestAdmissionHoldsNewConversations(t *testing.T) {
 		_ = json.Unmarshal([]byte(r.body), &m)
 		e, _ := m["error"].(map[string]any)
 		if r.status != http.StatusTooManyRequests || r.header.Get("Retry-After") == "" || e == nil || e["type"] != tc.wantType || !tc.check(m) ||
-			!strings.Contains(fmt.Sprint(e["message"]), "waiting for room") {
+			!strings.Contains(fmt.Sprint(e["message"]), "1 conversation is waiting for room") {
 			t.Fatalf("%s with the queue full: %d Retry-After %q %s", tc.path, r.status, r.header.Get("Retry-After"), r.body)
 		}
 	}
@@ -331,7 +331,10 @@ func TestAdmissionTexts(t *testing.T) {
 			"active conversations hold 200k tokens; the replicas cache 147k: expect low cache hits; admission is off"},
 		{"no warning when it fits", overcommitMessage(placement.AdmissionSnapshot{WorkingSetTokens: 100000, CapacityTokens: 147200}), ""},
 		{"retry after: mean wait", fmt.Sprint(retryAfter(placement.AdmissionSnapshot{Wait: 5 * time.Minute, AdmittedAfterWait: 4, WaitedTotal: 42 * time.Second})), "11"},
-		{"retry after: nothing admitted yet", fmt.Sprint(retryAfter(placement.AdmissionSnapshot{Wait: 5 * time.Minute})), "300"},
+		// longer than clients wait: Claude Code gives up at once on 90 s
+		{"retry after: nothing admitted yet, capped", fmt.Sprint(retryAfter(placement.AdmissionSnapshot{Wait: 5 * time.Minute})), "60"},
+		{"retry after: mean wait, capped", fmt.Sprint(retryAfter(placement.AdmissionSnapshot{Wait: 5 * time.Minute, AdmittedAfterWait: 2, WaitedTotal: 4 * time.Minute})), "60"},
+		{"retry after: admit_wait below the cap", fmt.Sprint(retryAfter(placement.AdmissionSnapshot{Wait: 20 * time.Second})), "20"},
 		{"retry after: at least a second", fmt.Sprint(retryAfter(placement.AdmissionSnapshot{Wait: time.Minute, AdmittedAfterWait: 1})), "1"},
 	} {
 		if tc.got != tc.want {

@@ -9,6 +9,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/dustin/go-humanize"
+	"github.com/lmwarden/caddy-lmwarden/vllmstats"
 )
 
 func init() {
@@ -36,6 +37,7 @@ func parseHandlerCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler,
 //	    model_var           on|off
 //	    max_body            <size>
 //	    error_response      api|caddy
+//	    strip_billing_block on|off
 //	}
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // directive name
@@ -73,12 +75,14 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				args = []string{"-"}
 			}
 			h.SessionEndHeaders = args
-		case "body_keys", "fingerprint", "model_var", "restart_detection":
+		case "body_keys", "fingerprint", "model_var", "restart_detection", "strip_billing_block":
 			on, err := parseOnOff(d)
 			if err != nil {
 				return err
 			}
 			switch opt {
+			case "strip_billing_block":
+				h.StripBillingBlock = on
 			case "body_keys":
 				h.NoBodyKeys = !on
 			case "fingerprint":
@@ -130,6 +134,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 //	    fail_after         <n>
 //	    fail_cooldown      <duration>
 //	    metrics_path       <path>
+//	    engine             auto|vllm|sglang|llamacpp|tgi
 //	    poll_scheme        http|https
 //	    data_parallel_size <n>
 //	    client_pin_header  <header>
@@ -156,7 +161,7 @@ func (p *Policy) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	for d.NextBlock(0) {
 		opt := d.Val()
 		switch opt {
-		case "model", "metrics_path", "poll_scheme", "client_pin_header":
+		case "model", "metrics_path", "poll_scheme", "client_pin_header", "engine":
 			var v string
 			if !d.AllArgs(&v) {
 				return d.ArgErr()
@@ -171,6 +176,12 @@ func (p *Policy) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				p.MetricsPath = v
 			case "poll_scheme":
 				p.PollScheme = v
+			case "engine":
+				if !validEngine(v) {
+					_, err := vllmstats.ParseDialect(v)
+					return d.Err(err.Error())
+				}
+				p.Engine = strings.ToLower(v)
 			default:
 				p.ClientPinHeader = v
 			}

@@ -82,7 +82,7 @@ func TestClaudeCodeStartIsStable(t *testing.T) {
 			if got := sessionFromBody(r.body); got != sid {
 				t.Errorf("key from metadata %q, want the header's %q", got, sid)
 			}
-			fp := startFingerprint(r.body, defaultFingerprintBytes)
+			fp, _ := splitStart(startFingerprint(r.body, defaultFingerprintBytes))
 			if fp == 0 {
 				t.Fatal("no start fingerprint")
 			}
@@ -116,8 +116,9 @@ var maxTokens = regexp.MustCompile(`"max_tokens":[0-9]+`)
 // TestClaudeCodeReplayThroughCaddy sends the captured requests through
 // Caddy with the handler's default settings, in order: restart detection
 // is on by default, so the conversation sticks over its turns and the
-// summarising request and is placed anew (restarted) after /compact and
-// after the model switch.
+// summarising request; the one turn after /compact and the one after the
+// model switch carry a new start that does not come again in these
+// captures: side requests, on the conversation's replica.
 func TestClaudeCodeReplayThroughCaddy(t *testing.T) {
 	_, ids := startEmulator(t, 2, 50)
 	loadSite(t, fmt.Sprintf(`
@@ -129,7 +130,7 @@ func TestClaudeCodeReplayThroughCaddy(t *testing.T) {
 		}
 		flush_interval -1
 	}`, strings.Join(ids, " ")))
-	want := []string{"placed", "sticky", "sticky", "sticky", "sticky", "restarted", "placed", "sticky", "restarted"}
+	want := []string{"placed", "sticky", "sticky", "sticky", "sticky", "side", "placed", "sticky", "side"}
 	for i, r := range loadClaudeCode(t) {
 		// the emulated model's context is 32K tokens: ask for few
 		body := maxTokens.ReplaceAllString(r.body, `"max_tokens":16`)

@@ -35,6 +35,16 @@ type fakeVLLM struct {
 	hold     chan struct{} // when non-nil, generation waits for it to close
 	inflight int
 	step     chan struct{} // when non-nil, an SSE stream waits on it after its first event
+	// exposition, when set, writes /metrics instead of vLLM's series (another
+	// engine's names, or none the module knows); f.mu is held.
+	exposition func(f *fakeVLLM) string
+	last       string // the last API request's body
+}
+
+func (f *fakeVLLM) lastBody() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.last
 }
 
 type servedReq struct {
@@ -119,6 +129,7 @@ func (f *fakeVLLM) serve(w http.ResponseWriter, r *http.Request) {
 		cached = min(int64(f.cache[ck]), prompt-1)
 		f.cache[ck] = int(prompt)
 	}
+	f.last = string(body)
 	f.served = append(f.served, servedReq{key: key, rank: rank, path: r.URL.Path, engine: engine})
 	f.sum.prompt += prompt
 	f.sum.cached += cached
@@ -188,6 +199,10 @@ func (f *fakeVLLM) writeMetrics(w http.ResponseWriter) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+	if f.exposition != nil {
+		_, _ = io.WriteString(w, f.exposition(f))
+		return
+	}
 	var b strings.Builder
 	series := func(name, typ string, val func(e int) float64) {
 		fmt.Fprintf(&b, "# HELP %s fake\n# TYPE %s %s\n", name, name, typ)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/lmwarden/caddy-lmwarden/vllmstats"
 	"go.uber.org/zap"
 )
 
@@ -78,11 +79,18 @@ type Handler struct {
 	// binding carries a fingerprint of its conversation's start (the
 	// model and the messages up to the first user message), read from the
 	// body's first bytes when they hold it (the rest is streamed on), else
-	// from the whole body; a bound conversation whose start changed was
-	// compacted or cleared and is placed anew by load (restarted). Claude
-	// Code's requests keep their start over a conversation's turns and
-	// over --continue; it changes after /compact and when the model is
-	// switched (testdata/claudecode). Turn it off for a client that
+	// from the whole body. A request whose start differs from its bound
+	// conversation's is a side request (a session title, a summary, a
+	// probe, a call to another model under the same key), routed without
+	// moving the conversation (side); when the same new start comes again
+	// before the conversation's own in a request with more than one
+	// message, the conversation was compacted or cleared and goes on with
+	// it (restarted, once). Claude Code's
+	// requests keep their start over a conversation's turns, over
+	// --continue and in the summarising request of /compact; it changes
+	// after /compact and when the model is switched, and its side
+	// requests have starts of their own (testdata/claudecode,
+	// testdata/claudecode-interactive). Turn it off for a client that
 	// rewrites its first message from turn to turn.
 	NoRestartDetection bool `json:"no_restart_detection,omitempty"`
 
@@ -111,6 +119,15 @@ type Handler struct {
 	// Caddy, so without handle_errors the client gets an empty response
 	// with the status.
 	ErrorResponse string `json:"error_response,omitempty"`
+
+	// Removes Claude Code's billing block (the first system block of an
+	// Anthropic request, "x-anthropic-billing-header: cc_version=…;
+	// cc_entrypoint=…;", different per conversation) before the request
+	// goes on, so an engine that does not skip it itself (llama.cpp,
+	// SGLang; vLLM does since about v0.18) caches the system prompt and
+	// tools once for every conversation. Reads /v1/messages bodies in full.
+	// Default off.
+	StripBillingBlock bool `json:"strip_billing_block,omitempty"`
 
 	keys   keyExtractor
 	ends   []string // canonical session-end header names
@@ -194,6 +211,22 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	st.end = h.sessionEnds(r.Header)
 
 	var model string
+	var full []byte // the body, when read in full already
+	if h.StripBillingBlock && st.api == vllmstats.APIAnthropic && r.Method == http.MethodPost && hasJSONBody(r) {
+		body, tooBig, err := h.readBody(r, &st.rb)
+		if tooBig {
+			return h.fail(w, r, st, caddyhttp.Error(http.StatusRequestEntityTooLarge,
+				fmt.Errorf("request body is larger than the gateway's limit of %d bytes", h.MaxBody)))
+		}
+		if err != nil {
+			return caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("reading request body: %w", err))
+		}
+		if nb, ok := stripBillingBlock(body); ok {
+			h.replay(r, nb, &st.rb)
+			body = nb
+		}
+		full = body
+	}
 	keyFromBody := st.key == "" && (!h.NoBodyKeys || !h.NoFingerprint)
 	wantStart := st.key != "" && !h.NoRestartDetection
 	if (keyFromBody || !h.NoModelVar || wantStart) && hasJSONBody(r) {
@@ -201,6 +234,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		var tooBig bool
 		var err error
 		switch {
+		case full != nil:
+			body = full
 		case keyFromBody:
 			body, tooBig, err = h.readBody(r, &st.rb)
 		case wantStart && anyBinding(st.key):
@@ -246,7 +281,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 	rw := watcherPool.Get().(*responseWatcher)
 	rw.ResponseWriter, rw.st = w, st
-	rw.measure = r.Method == http.MethodPost && !strings.HasSuffix(r.URL.Path, "/count_tokens")
+	rw.inference = isInference(r)
+	rw.measure = rw.inference
 	rw.ctx = r.Context()
 	defer h.finish(rw)
 

@@ -264,8 +264,22 @@ func fingerprint(body string, limit int) string {
 	return fp.sum()
 }
 
+// startLone is the lowest bit of what startFingerprint and
+// startFromPrefix return: set when the request holds one message only
+// (placement.Request.Lone: a title request, a classifier call, a probe);
+// the other bits are the start (see splitStart). It is read with the start
+// from the same first bytes.
+const startLone = 1
+
+// splitStart splits what startFingerprint returns into the start
+// (placement.Request.Start; 0 = unknown) and whether the request holds one
+// message.
+func splitStart(v uint64) (start uint64, lone bool) {
+	return v &^ startLone, v&startLone != 0
+}
+
 // startFingerprint is a number for the router's restart detection
-// (placement.Request.Start): a conversation whose key comes from a header
+// (placement.Request.Start, with startLone: see splitStart): a conversation whose key comes from a header
 // but whose start changed was compacted or cleared. The start is the model
 // and the messages up to the first user message (the system prompt stays
 // the same across a conversation, so it tells nothing here, and leaving it
@@ -302,7 +316,11 @@ func hashRestartStart(body string, limit int, partial bool) (uint64, bool) {
 	if fp.texts == 0 {
 		return 0, !partial
 	}
-	return max(fp.a, 1), true
+	v := (fp.a | 2) &^ startLone // never 0
+	if fp.lone {
+		v |= startLone
+	}
+	return v, true
 }
 
 // hashStart hashes the conversation's start for fingerprint: the model,
@@ -330,7 +348,7 @@ func hashStart(body string, limit int) (fp fnv128, ok bool) {
 // partial (body may be cut anywhere) it reports false when a message does
 // not end inside body or body ends before the first user message.
 func (f *fnv128) messages(body string, partial bool) bool {
-	for _, path := range messagePaths {
+	for i, path := range messagePaths {
 		m := gjson.Get(body, path)
 		if !m.Exists() {
 			return !partial
@@ -343,6 +361,14 @@ func (f *fnv128) messages(body string, partial bool) bool {
 			f.content(m.Get("content"))
 		}
 		if role == "user" || f.budget <= 0 {
+			if i == 0 && m.Index > 0 {
+				// one message only when the array ends after it
+				rest := strings.TrimLeft(body[m.Index+len(m.Raw):], " \t\r\n")
+				if rest == "" {
+					return !partial
+				}
+				f.lone = rest[0] == ']'
+			}
 			return true
 		}
 	}
@@ -371,6 +397,7 @@ type fnv128 struct {
 	a, b   uint64
 	budget int
 	texts  int
+	lone   bool // messages: the first user message is the only message
 }
 
 const (

@@ -234,9 +234,9 @@ func FuzzBodyKeys(f *testing.F) {
 // markers change, the start does not), different after a compaction
 // replaces the history with a summary, 0 when there is no start.
 func TestStartFingerprint(t *testing.T) {
-	start := startFingerprint(claudeBody("fix the bug in main.go", 1, "aaa"), defaultFingerprintBytes)
-	if start == 0 {
-		t.Fatal("no start fingerprint for a conversation")
+	start, lone := splitStart(startFingerprint(claudeBody("fix the bug in main.go", 1, "aaa"), defaultFingerprintBytes))
+	if start == 0 || !lone {
+		t.Fatalf("start %x, lone %v: want a start, and lone (one message)", start, lone)
 	}
 	tests := []struct {
 		name string
@@ -249,7 +249,7 @@ func TestStartFingerprint(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got := startFingerprint(tc.body, defaultFingerprintBytes)
+			got, _ := splitStart(startFingerprint(tc.body, defaultFingerprintBytes))
 			if got == 0 || (got == start) != tc.same {
 				t.Fatalf("start %x, first turn's %x, want same=%v", got, start, tc.same)
 			}
@@ -258,6 +258,33 @@ func TestStartFingerprint(t *testing.T) {
 	for _, body := range []string{`{}`, `{"model":"m"}`, `not json`, ``} {
 		if got := startFingerprint(body, defaultFingerprintBytes); got != 0 {
 			t.Errorf("startFingerprint(%q) = %x, want 0", body, got)
+		}
+	}
+}
+
+// TestStartLone: the start's lone bit says whether the request holds one
+// message, read from the same first bytes as the start: a body cut before
+// it is known is refused.
+func TestStartLone(t *testing.T) {
+	for _, tc := range []struct {
+		body string
+		lone bool
+	}{
+		{`{"model":"m","messages":[{"role":"user","content":"Write a title"}],"max_tokens":64}`, true},
+		{`{"model":"m","messages":[ {"role":"user","content":"Write a title"} ] }`, true},
+		{`{"model":"m","messages":[{"role":"user","content":"hi"},{"role":"system","content":"env"}]}`, false},
+		{`{"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":"hi"}]}`, false},
+		{`{"model":"m","messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"yo"},{"role":"user","content":"go on"}]}`, false},
+	} {
+		start, lone := splitStart(startFingerprint(tc.body, defaultFingerprintBytes))
+		if start == 0 || lone != tc.lone {
+			t.Errorf("%s: start %x lone %v, want lone %v", tc.body, start, lone, tc.lone)
+		}
+		full := startFingerprint(tc.body, defaultFingerprintBytes)
+		for cut := 1; cut < len(tc.body); cut++ {
+			if fp, ok := startFromPrefix(tc.body[:cut], defaultFingerprintBytes); ok && fp != full {
+				t.Errorf("%s: from %d bytes %x, whole body %x", tc.body, cut, fp, full)
+			}
 		}
 	}
 }

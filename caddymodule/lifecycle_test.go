@@ -96,12 +96,15 @@ func modelCounter(t *testing.T, name, modelName, replica string, labels map[stri
 	return 0
 }
 
-// TestCompactedConversationIsPlacedAnew: the same session header with a new
-// start (Claude Code's /compact or /clear replaces the history with a
-// summary) is placed by load and counted as restarted; later turns of the
-// conversation, whose start stays the same, keep sticking, and the sticky
-// turns' predicted cached tokens are delivered.
-func TestCompactedConversationIsPlacedAnew(t *testing.T) {
+// TestCompactedConversationRestartsOnce: the same session header with a
+// new start (Claude Code's /compact or /clear replaces the history with a
+// summary) is a side request at first, routed to the conversation's
+// replica without moving it; when the new start comes again it is the
+// conversation going on, counted restarted once and kept where its first
+// request computed the new prefix; later turns, whose start stays the
+// same, keep sticking, and the sticky turns' predicted cached tokens are
+// delivered.
+func TestCompactedConversationRestartsOnce(t *testing.T) {
 	_, ids := lifecycleSite(t, 2, "lc-compact", "100ms")
 	first := agentTurn(t, "s1", "Task one:", 1, nil)
 	for k := 2; k <= 4; k++ {
@@ -109,11 +112,18 @@ func TestCompactedConversationIsPlacedAnew(t *testing.T) {
 			t.Fatalf("turn %d: %s (%s), want %s sticky", k, r.replica, r.reason, first.replica)
 		}
 	}
-	compacted := agentTurn(t, "s1", "Summary of the conversation so far:", 1, nil)
-	if compacted.reason != "restarted" {
-		t.Fatalf("compacted turn: %s (%s), want restarted", compacted.replica, compacted.reason)
+	// its first turn holds one message (a lone request is never taken for
+	// the conversation going on), its second the history too
+	for k := 1; k <= 2; k++ {
+		if r := agentTurn(t, "s1", "Summary of the conversation so far:", k, nil); r.reason != "side" || r.replica != first.replica {
+			t.Fatalf("turn %d after compaction: %s (%s), want %s side", k, r.replica, r.reason, first.replica)
+		}
 	}
-	if r := agentTurn(t, "s1", "Summary of the conversation so far:", 2, nil); r.reason != "sticky" || r.replica != compacted.replica {
+	compacted := agentTurn(t, "s1", "Summary of the conversation so far:", 3, nil)
+	if compacted.reason != "restarted" || compacted.replica != first.replica {
+		t.Fatalf("third turn after compaction: %s (%s), want %s restarted", compacted.replica, compacted.reason, first.replica)
+	}
+	if r := agentTurn(t, "s1", "Summary of the conversation so far:", 4, nil); r.reason != "sticky" || r.replica != compacted.replica {
 		t.Fatalf("turn after compaction: %s (%s), want %s sticky", r.replica, r.reason, compacted.replica)
 	}
 	// the usage is fed back when the handler finishes, just after the
@@ -136,6 +146,9 @@ func TestCompactedConversationIsPlacedAnew(t *testing.T) {
 	}
 	if got := modelCounter(t, "lm_warden_requests_total", "lc-compact", compacted.replica, map[string]string{"reason": "restarted"}); got != 1 {
 		t.Fatalf("Prometheus restarted requests %v, want 1", got)
+	}
+	if got := modelCounter(t, "lm_warden_requests_total", "lc-compact", first.replica, map[string]string{"reason": "side"}); got != 2 || cardRow(c, first.replica).Side != 2 {
+		t.Fatalf("side requests: Prometheus %v, card %d; want 2", got, cardRow(c, first.replica).Side)
 	}
 	// the card and Prometheus read the same counters (the last turn's
 	// feedback may land between two reads)

@@ -18,7 +18,7 @@ type collector struct{}
 
 var (
 	descRequests = prometheus.NewDesc("lm_warden_requests_total",
-		"Requests routed, by the replica chosen and the reason (sticky, stayed-overloaded, placed, spilled, client-pinned, re-placed, restarted, cold-replaced, affinity-off, no-key).",
+		"Requests routed, by the replica chosen and the reason (sticky, stayed-overloaded, placed, spilled, client-pinned, re-placed, restarted, side, cold-replaced, affinity-off, no-key).",
 		[]string{"model", "replica", "reason"}, nil)
 	descInFlight = prometheus.NewDesc("lm_warden_in_flight",
 		"Requests in flight through the router.",
@@ -154,6 +154,7 @@ func (collector) Collect(ch chan<- prometheus.Metric) {
 				{"client-pinned", r.ClientPinned},
 				{"re-placed", r.Replaced},
 				{"restarted", r.Restarted},
+				{"side", r.Side},
 				{"cold-replaced", r.ColdReplaced},
 				{"affinity-off", r.AffinityOff},
 				{"no-key", r.NoKey},
@@ -196,7 +197,7 @@ func (collector) Collect(ch chan<- prometheus.Metric) {
 		ps := m.pollerSnapshot()
 		for i := range ps.Replicas {
 			r := &ps.Replicas[i]
-			if r.HitRateKnown {
+			if r.HitRateKnown && r.HitRateWindowKnown { // idle: no sample, not 0
 				gauge(descHit, r.HitRateWindow, m.name, r.ID)
 			}
 			reach := 0.0

@@ -112,6 +112,11 @@ type Policy struct {
 	// Path of the replicas' Prometheus metrics. Default /metrics.
 	MetricsPath string `json:"metrics_path,omitempty"`
 
+	// The engine whose metric names the replicas export: auto (default:
+	// detected from each replica's first exposition), vllm, sglang,
+	// llamacpp or tgi.
+	Engine string `json:"engine,omitempty"`
+
 	// Scheme used to poll the replicas: http (default) or https.
 	PollScheme string `json:"poll_scheme,omitempty"`
 
@@ -238,6 +243,7 @@ func (p *Policy) pollSettings() pollSettings {
 		MetricsPath: p.MetricsPath,
 		Scheme:      p.PollScheme,
 	}
+	ps.Dialect, _ = vllmstats.ParseDialect(p.Engine) // checked by Validate
 	if ps.Interval <= 0 {
 		ps.Interval = time.Second
 	}
@@ -359,6 +365,9 @@ func (p *Policy) Validate() error {
 		return fmt.Errorf("lm_warden %s: fail_cooldown must not be negative", p.Model)
 	case p.MaxNumSeqs < 0, p.MaxSessions < 0, p.FailAfter < 0, p.DataParallelSize < 0:
 		return fmt.Errorf("lm_warden %s: counts must not be negative", p.Model)
+	case !validEngine(p.Engine):
+		_, err := vllmstats.ParseDialect(p.Engine)
+		return fmt.Errorf("lm_warden %s: %w", p.Model, err)
 	case p.PollScheme != "" && p.PollScheme != "http" && p.PollScheme != "https":
 		return fmt.Errorf("lm_warden %s: poll_scheme must be http or https, got %q", p.Model, p.PollScheme)
 	case p.PollTimeout > 0 && p.PollInterval > 0 && p.PollTimeout >= p.PollInterval:
@@ -562,7 +571,8 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 	}
 	exclude = st.triedList(exclude)
 
-	req := placement.Request{Key: st.key, Parent: st.parent, Start: st.start, Tokens: p.tokens(r, st)}
+	start, lone := splitStart(st.start)
+	req := placement.Request{Key: st.key, Parent: st.parent, Start: start, Lone: lone, Tokens: p.tokens(r, st)}
 	if len(exclude) > 0 {
 		req.Exclude = exclude
 	}
@@ -618,3 +628,8 @@ var (
 	_ caddy.CleanerUpper    = (*Policy)(nil)
 	_ reverseproxy.Selector = (*Policy)(nil)
 )
+
+func validEngine(s string) bool {
+	_, err := vllmstats.ParseDialect(s)
+	return err == nil
+}

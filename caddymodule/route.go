@@ -78,6 +78,7 @@ func (st *routeState) finished(status int, u *vllmstats.Usage, now time.Time) {
 	}
 	st.dec.ReleaseAt(now)
 	if u != nil && st.model != nil && status >= 200 && status < 300 {
+		st.model.completeUsage(st.dec.Replica, u)
 		st.model.recordUsage(st.dec.Replica, *u, now)
 		st.model.feedback(st.key, st.dec, *u, now)
 	}

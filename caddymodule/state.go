@@ -60,6 +60,7 @@ type pollSettings struct {
 	FailAfter   int
 	MetricsPath string
 	Scheme      string
+	Dialect     vllmstats.Dialect
 }
 
 // modelState is the runtime of one model: its router, poller and token
@@ -68,6 +69,9 @@ type modelState struct {
 	name   string
 	router *placement.Router
 	acct   *vllmstats.Accountant
+	// reports tells an omitted cached count (0) from an unknown one for
+	// engines that leave out a 0 (SGLang)
+	reports vllmstats.CacheReports
 
 	mu        sync.Mutex
 	poller    *vllmstats.Poller
@@ -150,6 +154,7 @@ func (m *modelState) newPoller() *vllmstats.Poller {
 		Timeout:     m.poll.Timeout,
 		FailAfter:   m.poll.FailAfter,
 		MetricsPath: m.poll.MetricsPath,
+		Dialect:     m.poll.Dialect,
 		Client:      &http.Client{Timeout: m.poll.Timeout},
 		Logger:      m.logger.Named("poller"),
 		OnSnapshot:  m.onSnapshot,
@@ -208,6 +213,18 @@ func (m *modelState) forgetGone(now time.Time) {
 	current := m.current
 	m.mu.Unlock()
 	m.acct.ForgetIdle(now, func(id string) bool { return current[id] })
+	m.reports.Forget(func(id string) bool { return current[id] })
+}
+
+// completeUsage fills a response's cached count that its engine left out
+// because it was 0 (vllmstats.CacheReports).
+func (m *modelState) completeUsage(replica string, u *vllmstats.Usage) {
+	if !u.Measured {
+		return
+	}
+	if rs, ok := m.pollerSnapshot().Replica(replica); ok {
+		m.reports.Complete(replica, rs.Dialect, u)
+	}
 }
 
 // pollerSnapshot returns the latest poll round (never nil).

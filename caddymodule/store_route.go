@@ -165,7 +165,7 @@ func (s *bindStore) route(req placement.Request) (placement.Decision, *placement
 			case movedBy(dec):
 				s.confirmed.put(h, now)
 				s.enqueue(storeOp{kind: opMove, h: h, key: req.Key, value: storeValue{replica: dec.Replica, start: req.Start}})
-			case now-at > s.ttl.Load()/2 && dec.Reason != placement.ReasonAffinityOff && dec.Reason != placement.ReasonNoKey:
+			case now-at > s.ttl.Load()/2 && dec.Reason != placement.ReasonAffinityOff && dec.Reason != placement.ReasonNoKey && dec.Reason != placement.ReasonSide:
 				s.confirmed.put(h, now)
 				s.enqueue(storeOp{kind: opRefresh, h: h, key: req.Key, value: storeValue{replica: dec.Replica, start: req.Start}})
 			}

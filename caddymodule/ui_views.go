@@ -74,6 +74,7 @@ var uiReplicaColumns = []uiColumn{
 	{Key: "spill_accepted", Label: "Spill-accepted", Group: "Decisions", Title: "conversations moved here from a replica over the spill threshold"},
 	{Key: "client_pinned", Label: "Client-pinned", Group: "Decisions", Title: "requests a client pinned here"},
 	{Key: "restarted", Label: "Restarted", Group: "Decisions", Title: "conversations placed anew because their start changed (compacted, cleared)"},
+	{Key: "side", Label: "Side", Group: "Decisions", Title: "side requests: another start under a bound conversation's key (a session title, a summary, a probe), routed without moving the conversation"},
 	{Key: "cold_replaced", Label: "Cold-replaced", Group: "Decisions", Title: "conversations placed anew because their replica no longer held their cache"},
 	{Key: "ended", Label: "Ended", Group: "Decisions", Title: "bindings dropped because the client ended the session"},
 }
@@ -221,9 +222,10 @@ func buildCardView(doc Card, now time.Time) uiCardView {
 				"client_pinned":  uiCount(r.ClientPinned),
 				"run_wait":       {V: []*int{r.Running, r.Waiting}, T: uiOptCount(r.Running) + " / " + uiOptCount(r.Waiting)},
 				"kv":             uiOptPct(r.KVUsage),
-				"hit":            uiOptPct(r.PrefixHitRate),
+				"hit":            uiHit(r),
 				"delivered":      uiDelivered(r.DeliveredShare, r.DeliveredCached, r.PredictedCached),
 				"restarted":      uiCount(r.Restarted),
+				"side":           uiCount(r.Side),
 				"cold_replaced":  uiCount(r.ColdReplaced),
 				"ended":          uiCount(r.Ended),
 				"bindings":       {V: r.Bindings, T: humanize.Comma(int64(r.Bindings)) + " (" + humanize.Comma(int64(r.Active)) + " recent)"},
@@ -238,8 +240,22 @@ func buildCardView(doc Card, now time.Time) uiCardView {
 // uiReplicaState renders whether a replica can be chosen: "available";
 // "out: proxy errors until 12:00:05" (the causes the router gives, or
 // "marked unavailable by the proxy"); "unreachable: <last error> · last
-// seen 1 minute ago", with the causes it is out for beside.
+// seen 1 minute ago", with the causes it is out for beside; then the
+// engine the replica's metrics name and which figures it does not give.
 func uiReplicaState(r ReplicaRow, now time.Time) uiVal {
+	v := uiReplicaAvailability(r, now)
+	if r.Engine != "" {
+		v.T += " · " + r.Engine
+	}
+	if r.MetricsUnread != "" {
+		v.T += " · figures unknown: " + r.MetricsUnread
+	}
+	return v
+}
+
+// uiReplicaAvailability is the first part of the status: available, out
+// and why, or unreachable and since when.
+func uiReplicaAvailability(r ReplicaRow, now time.Time) uiVal {
 	if !r.Reachable {
 		msg := "unreachable"
 		if r.LastError != "" {
@@ -399,4 +415,13 @@ func uiStore(st *StoreStatus) uiVal {
 	}
 	return uiVal{V: st, T: fmt.Sprintf("%s %s · %s · %s errors · %s fallbacks", st.Type, st.Address, state,
 		humanize.Comma(int64(st.Errors)), humanize.Comma(int64(st.Fallbacks)))}
+}
+
+// uiHit renders the windowed prefix hit rate: a percentage, "idle" when the
+// engine looked nothing up in the window, unknown when it does not say.
+func uiHit(r ReplicaRow) uiVal {
+	if r.PrefixIdle {
+		return uiVal{V: nil, T: "idle"}
+	}
+	return uiOptPct(r.PrefixHitRate)
 }

@@ -24,6 +24,7 @@ type responseWatcher struct {
 	st          *routeState
 	parser      *vllmstats.UsageParser
 	measure     bool
+	inference   bool // the request asks the engine for a generation (isInference)
 	wroteHeader bool
 	status      int
 	encoded     bool // the response has a Content-Encoding: usage cannot be read
@@ -44,10 +45,15 @@ func (rw *responseWatcher) WriteHeader(status int) {
 	rw.wroteHeader = true
 	rw.status = status
 	if rw.st.routed && !rw.answered {
-		// the replica answered: a 5xx is its failure, anything else ends
-		// its run of failures (a stream it cuts later is still one)
+		// the replica answered: a 5xx to an inference request is its
+		// failure, anything else ends its run of failures (a stream it
+		// cuts later is still one); a 5xx to a probe (HEAD, GET
+		// /v1/models, Claude Code's HEAD /api/hello) says nothing about
+		// the engine: a 501 from a server that does not know the path
 		if status >= 500 {
-			rw.failed()
+			if rw.inference {
+				rw.failed()
+			}
 		} else {
 			rw.answered = true
 			rw.st.dec.Succeeded()
@@ -65,6 +71,13 @@ func (rw *responseWatcher) WriteHeader(status int) {
 		}
 	}
 	rw.ResponseWriterWrapper.WriteHeader(status)
+}
+
+// isInference reports whether r asks the engine for a generation: a POST
+// other than a token count. Only those requests' error answers count
+// against a replica.
+func isInference(r *http.Request) bool {
+	return r.Method == http.MethodPost && !strings.HasSuffix(r.URL.Path, "/count_tokens")
 }
 
 // failed reports the request's failure at its replica, once, unless the

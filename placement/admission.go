@@ -219,7 +219,14 @@ func (r *Router) fits(p *replica, est int64, now int64) bool {
 	own, base := r.residentSet(p, now)
 	ws := own + base
 	est = max(est-min(base, est/2), r.peak())
-	high := int64(r.cfg.HighWater * float64(c))
+	high := r.markFull(p, ws, c)
+	return ws == 0 || (!p.full && ws+est <= high)
+}
+
+// markFull updates p's hysteresis state (full) for its working set ws of
+// capacity c and returns the high-water mark in tokens. r.mu held.
+func (r *Router) markFull(p *replica, ws, c int64) (high int64) {
+	high = int64(r.cfg.HighWater * float64(c))
 	low := int64((r.cfg.HighWater - AdmitHysteresis) * float64(c))
 	switch {
 	case ws >= high:
@@ -227,7 +234,7 @@ func (r *Router) fits(p *replica, est int64, now int64) bool {
 	case ws <= low:
 		p.full = false
 	}
-	return ws == 0 || (!p.full && ws+est <= high)
+	return high
 }
 
 // estimate is the context assumed for a new conversation whose request

@@ -512,3 +512,22 @@ func TestAdmissionRandomized(t *testing.T) {
 		})
 	}
 }
+
+// TestFullFollowsWorkingSet: a replica marked full at a placement is
+// reported not full once its working set fell below the low-water mark,
+// without another placement (the queue drained, conversations went quiet).
+func TestFullFollowsWorkingSet(t *testing.T) {
+	r := admitRouter(1, 10000, Config{})
+	d, _ := admitTurn(t, r, "a", 11000, t0)
+	finishTurn(r, "a", d, t0.Add(time.Second), 11000, 0, 100)
+	d, _ = r.Route(Request{Key: "b", Tokens: 1000, Now: t0.Add(2 * time.Second)}) // placed anyway; marks r0 full
+	finishTurn(r, "b", d, t0.Add(3*time.Second), 1000, 0, 10)
+	if row := replicaRow(t, r, "r0"); !row.Full {
+		t.Fatalf("working set %d of %d: not full, want full", row.WorkingSet, row.Capacity)
+	}
+	// both have gone quiet: nothing is placed, the card is read
+	r.Sweep(t0.Add(2 * time.Minute))
+	if row := replicaRow(t, r, "r0"); row.Full || row.WorkingSet >= 9000 {
+		t.Fatalf("working set %d of %d, full %v; want below the low-water mark and not full", row.WorkingSet, row.Capacity, row.Full)
+	}
+}

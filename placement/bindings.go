@@ -140,6 +140,7 @@ func (r *Router) removeEntry(e int32) {
 	r.gunlink(e)
 	r.runlink(r.reps[en.rep], e)
 	delete(r.b.idx, en.hash)
+	r.forgetSide(e)
 	r.b.n--
 	*en = entry{gnext: r.b.free}
 	r.b.free = e

@@ -53,10 +53,24 @@
 //
 //     Before rules 3–5, the binding itself is checked. A Request.Start
 //     (the conversation's start fingerprint) that differs from the one the
-//     binding recorded means the conversation was compacted or cleared under
-//     the same key: placed by score and re-bound, ReasonRestarted (not
-//     counted as keyed). A binding with no start recorded learns it; Start
-//     0 checks nothing. A binding marked cold (ColdReplica: the replica
+//     binding recorded is a side request at first (a session title, a
+//     summary, a probe, a call to another model under the same key):
+//     ReasonSide, routed to the conversation's replica while it is usable
+//     and not over the threshold, else to the least loaded (as rule 2),
+//     without moving, refreshing or re-binding the conversation and not
+//     counted as keyed. The binding remembers the last two such starts of
+//     requests that are not Request.Lone (a single message: a title
+//     request, a classifier's call, however often retried); one
+//     that arrives again before a request with the conversation's own start
+//     (which forgets them) means the conversation was compacted or cleared
+//     and goes on with it: ReasonRestarted, re-bound to the replica its
+//     earlier request with that start went to when that one is usable and
+//     not over the threshold, else placed by score (not counted as keyed).
+//     A binding whose own start never came a second time was placed by a
+//     side request that came first (Claude Code sends a session's title
+//     request before its first turn): the recurring start replaces it on
+//     the same replica as a sticky turn, with no restart.
+//     A binding with no start recorded learns it; Start 0 checks nothing. A binding marked cold (ColdReplica: the replica
 //     restarted since the conversation's last turn) whose replica is usable
 //     is placed by score and re-bound, ReasonColdReplaced. A turn that
 //     found its cache gone (Feedback) marks nothing: it computed its prompt
@@ -194,7 +208,7 @@
 // conversations), SpillAccepted (conversations moved here from a replica over
 // the threshold), ClientPinned, Replaced (conversations moved here because
 // their replica went away), Restarted and ColdReplaced (conversations placed
-// here by those rules), ColdMarked (bindings here found cold), Ended
+// here by those rules), Side (side requests routed here), ColdMarked (bindings here found cold), Ended
 // (bindings dropped by End), MeasuredTurns, PredictedTokens and
 // DeliveredTokens (the sticky turns Feedback checked: cached tokens
 // predicted, and delivered capped at the prediction), AffinityOff and NoKey (per-request picks),

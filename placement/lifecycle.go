@@ -37,10 +37,11 @@ type Turn struct {
 //
 // It returns the prediction (0 when there was none: not a sticky turn, a
 // binding's first turn, or a turn for a replica the conversation is no
-// longer bound to); cold is true when the turn delivered less than half of
+// longer bound to); a side request (ReasonSide) changes nothing; cold is true when the turn delivered less than half of
 // it, the sign of a lost cache.
 func (r *Router) Feedback(t Turn) (predicted int, cold bool) {
-	if t.Key == "" || t.Prompt < 0 || t.Cached < 0 {
+	if t.Key == "" || t.Prompt < 0 || t.Cached < 0 || t.Reason == ReasonSide {
+		// a side request's prompt is not the conversation's
 		return 0, false
 	}
 	h := r.hash(t.Key)

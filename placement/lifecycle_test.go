@@ -31,7 +31,7 @@ func TestLifecycleRules(t *testing.T) {
 	}{
 		{name: "same start stays", start: a, reason: ReasonSticky},
 		{name: "unknown start stays", start: 0, reason: ReasonSticky},
-		{name: "new start is a restart", start: b, reason: ReasonRestarted, previous: "r0"},
+		{name: "new start is a side request", start: b, reason: ReasonSide},
 		{
 			name: "binding without a start learns it, no restart",
 			setup: func(t *testing.T, r *Router) {
@@ -66,11 +66,13 @@ func TestLifecycleRules(t *testing.T) {
 			start: a, reason: ReasonColdReplaced, previous: "r0",
 		},
 		{
-			name: "restart wins over cold",
+			// the conversation's cache is gone, but a new start is a side
+			// request before it is anything else
+			name: "side request on a cold binding",
 			setup: func(t *testing.T, r *Router) {
 				r.ColdReplica("r0")
 			},
-			start: b, reason: ReasonRestarted, previous: "r0",
+			start: b, reason: ReasonSide,
 		},
 	}
 	for _, tc := range tests {
@@ -111,7 +113,10 @@ func TestLifecycleRules(t *testing.T) {
 					t.Fatalf("ColdReplaced = %d, want 1", s.ColdReplaced)
 				}
 			}
-			// the turn after a re-placement sticks to the new replica
+			// the turn after a re-placement sticks to the new replica; a
+			// side request's start that comes again is the conversation
+			// going on with it, where the side request went (the
+			// binding's own start came once: no restart)
 			got.Release()
 			next, _ := r.Route(Request{Key: "k", Start: tc.start, Now: t0.Add(2 * time.Minute)})
 			next.Release()

@@ -158,10 +158,19 @@ type Request struct {
 	Now     time.Time // zero = time.Now()
 	Exclude []string  // replicas not to choose for this request
 	// Start is a fingerprint of the conversation's start (model, system
-	// prompt, first user message); 0 = unknown. A turn whose Key has a
-	// binding recorded with another start is a restarted conversation
-	// (compacted or cleared): it is placed anew by load (ReasonRestarted).
+	// prompt, first user message); 0 = unknown. A request whose Key has a
+	// binding recorded with another start is a side request (ReasonSide),
+	// routed without moving the conversation, unless that start came in a
+	// side request before with no turn of the conversation in between: the
+	// conversation was compacted or cleared and goes on with it
+	// (ReasonRestarted). See side.go.
 	Start uint64
+	// Lone says the request holds a single message: with a start other
+	// than its conversation's it is a side request that never becomes the
+	// conversation however often it comes (a title request, a permission
+	// classifier's call retried); a conversation's turns after the first
+	// carry its history.
+	Lone bool
 	// Tokens estimates the request's prompt in tokens (e.g. from its
 	// body's size); 0 = unknown. Admission counts a conversation with it
 	// until the engine reports the context (Feedback).
@@ -183,10 +192,11 @@ const (
 	ReasonClientPinned
 	ReasonRestarted
 	ReasonColdReplaced
+	ReasonSide
 )
 
 // NumReasons bounds the Reason values: every Reason is below it.
-const NumReasons = int(ReasonColdReplaced) + 1
+const NumReasons = int(ReasonSide) + 1
 
 var reasonNames = [...]string{
 	ReasonAffinityOff:      "affinity-off",
@@ -199,6 +209,7 @@ var reasonNames = [...]string{
 	ReasonClientPinned:     "client-pinned",
 	ReasonRestarted:        "restarted",
 	ReasonColdReplaced:     "cold-replaced",
+	ReasonSide:             "side",
 }
 
 // String returns the reason's short name, e.g. "sticky".
@@ -238,6 +249,7 @@ type replica struct {
 	sticky, stayed, placed, spill, pinned, replaced, affOff, noKey uint64
 
 	restarted, coldReplaced, ended, coldMarked uint64
+	side                                       uint64 // side requests routed here (side.go)
 	measured, predicted, delivered             uint64 // sticky turns with a prediction, and their tokens
 
 	exclEpoch uint64 // equals Router.exclEpoch when excluded for the current request
@@ -306,6 +318,8 @@ type Router struct {
 
 	inflight atomic.Int64
 	slots    slotPool
+
+	side map[uint64]sideStarts // recent side starts of bindings with flagSide, by hash (side.go)
 
 	// working-set admission (admission.go)
 	admit                                                          bool // in force
@@ -610,18 +624,37 @@ func (r *Router) route(req Request, queue bool) (Decision, *Ticket, error) {
 	}
 
 	bound := r.reps[r.b.ents[e].rep]
+	var again bool
+	var at *replica
+	if en := &r.b.ents[e]; req.Start != 0 && en.start != 0 && en.start != req.Start {
+		// Same key, another start: a side request (side.go), unless the
+		// start recurs
+		if !req.Lone {
+			again, at = r.recurs(e, req.Start)
+		}
+		if !again {
+			d, err := r.sideRoute(e, bound, req.Start, !req.Lone)
+			return d, nil, err
+		}
+	}
 	if r.admit {
 		r.arrive(e, req.Tokens, now)
 	}
-	if en := &r.b.ents[e]; req.Start != 0 && en.start != req.Start {
-		if en.start != 0 {
-			// Same key, another start: the conversation was compacted or
-			// cleared; its old prefix buys nothing, so it is placed by load.
-			en.start, en.prompt = req.Start, 0
-			d, err := r.replace(e, bound, now, ReasonRestarted)
-			return d, nil, err
+	if again {
+		// the conversation was compacted or cleared and continues with
+		// the new start: its old prefix buys nothing
+		d, err := r.restartAt(e, bound, at, req.Start, now)
+		return d, nil, err
+	}
+	if en := &r.b.ents[e]; req.Start != 0 {
+		if en.start == 0 {
+			en.start = req.Start
+		} else {
+			en.flags |= flagConfirmed
+			if en.flags&flagSide != 0 {
+				r.forgetSide(e) // the conversation went on: they were side requests
+			}
 		}
-		en.start = req.Start
 	}
 	if r.b.ents[e].flags&flagCold != 0 && r.usable(bound) && r.b.ents[e].flags&flagReplace == 0 {
 		// The engine reported the conversation's cache gone: staying buys
@@ -978,6 +1011,7 @@ type ReplicaSnapshot struct {
 	NoKey            uint64 // per-request picks for requests without a key
 
 	Restarted    uint64 // conversations placed here after their start changed (compacted, cleared)
+	Side         uint64 // side requests routed here: another start under a bound conversation's key, not moving it
 	ColdReplaced uint64 // conversations placed here because their replica's cache was found gone
 	ColdMarked   uint64 // bindings here marked cold (delivered far below predicted, or the replica restarted)
 	Ended        uint64 // bindings here dropped because the client ended the session
@@ -1040,15 +1074,21 @@ func (r *Router) Snapshot() Snapshot {
 		if p.coolUntil > r.clock {
 			until = time.Unix(0, p.coolUntil)
 		}
+		ws, c := r.workingSet(p, r.clock), r.capacity(p)
+		if c > 0 {
+			// full follows the working set between placements too (the
+			// queue drained, conversations went quiet)
+			r.markFull(p, ws, c)
+		}
 		s.Replicas = append(s.Replicas, ReplicaSnapshot{
 			ID: p.id, Available: out == 0, Out: out, CooldownUntil: until, ProxyFailures: p.proxyFails,
 			InFlight: int(p.inflight.Load()),
 			Sticky:   p.sticky, StayedOverloaded: p.stayed, Placed: p.placed, SpillAccepted: p.spill,
 			ClientPinned: p.pinned, Replaced: p.replaced, AffinityOff: p.affOff, NoKey: p.noKey,
-			Restarted: p.restarted, ColdReplaced: p.coldReplaced, ColdMarked: p.coldMarked, Ended: p.ended,
+			Restarted: p.restarted, Side: p.side, ColdReplaced: p.coldReplaced, ColdMarked: p.coldMarked, Ended: p.ended,
 			MeasuredTurns: p.measured, PredictedTokens: p.predicted, DeliveredTokens: p.delivered,
 			Bindings: p.bindings, Active: p.active, Load: p.load,
-			WorkingSet: r.workingSet(p, r.clock), Capacity: r.capacity(p), Full: p.full,
+			WorkingSet: ws, Capacity: c, Full: p.full,
 		})
 		row := &s.Replicas[len(s.Replicas)-1]
 		s.Admission.WorkingSetTokens += row.WorkingSet

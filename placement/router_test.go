@@ -642,7 +642,7 @@ func TestTiesRoundRobin(t *testing.T) {
 }
 
 func TestReasonString(t *testing.T) {
-	want := []string{"unknown", "affinity-off", "no-key", "sticky", "placed", "spilled", "stayed-overloaded", "re-placed", "client-pinned", "restarted", "cold-replaced", "unknown"}
+	want := []string{"unknown", "affinity-off", "no-key", "sticky", "placed", "spilled", "stayed-overloaded", "re-placed", "client-pinned", "restarted", "cold-replaced", "side", "unknown"}
 	for i, w := range want {
 		if got := Reason(i).String(); got != w {
 			t.Errorf("Reason(%d) = %q, want %q", i, got, w)

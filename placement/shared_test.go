@@ -55,10 +55,10 @@ func TestAdopt(t *testing.T) {
 			want: "r0", reason: ReasonReplaced, prev: "r1", binding: 1,
 		},
 		{
-			name: "adopted start differs from the turn's: restarted",
+			name: "adopted start differs from the turn's: a side request on its replica",
 			key:  "k", adopt: "r2", start: 7, ok: true,
 			req:  Request{Key: "k", Start: 8},
-			want: "r0", reason: ReasonRestarted, prev: "r2", binding: 1,
+			want: "r2", reason: ReasonSide, binding: 1,
 		},
 		{
 			name: "adopted start equals the turn's: sticky",

@@ -26,8 +26,9 @@ func newHitWindow(span, interval time.Duration) *hitWindow {
 
 // add records the cumulative counts at a poll and returns the hit rate
 // since the newest earlier sample at least span old (the oldest kept, early
-// on): Δhits / Δqueries, 0 when nothing was queried in between.
-func (w *hitWindow) add(at time.Time, queries, hits float64) float64 {
+// on): Δhits / Δqueries, and false when nothing was queried in between (an
+// idle replica: its rate is unknown, not 0 %).
+func (w *hitWindow) add(at time.Time, queries, hits float64) (float64, bool) {
 	size := len(w.samples)
 	w.samples[w.next] = hitSample{at, queries, hits}
 	w.next = (w.next + 1) % size
@@ -41,7 +42,7 @@ func (w *hitWindow) add(at time.Time, queries, hits float64) float64 {
 		oldest = s
 	}
 	if dq := queries - oldest.queries; dq > 0 {
-		return (hits - oldest.hits) / dq
+		return (hits - oldest.hits) / dq, true
 	}
-	return 0
+	return 0, false
 }

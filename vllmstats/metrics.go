@@ -14,11 +14,13 @@ import (
 	"github.com/prometheus/common/model"
 )
 
-// EngineMetrics holds the numbers of one vLLM engine (one data-parallel rank)
+// EngineMetrics holds the numbers of one engine (one data-parallel rank)
 // read from one /metrics exposition.
 type EngineMetrics struct {
 	// Engine is the value of the engine label ("0" when the series carry none).
 	Engine string
+	// Dialect is the engine whose names were read.
+	Dialect Dialect
 	// ModelName is the model_name label of the engine's series.
 	ModelName string
 
@@ -38,7 +40,10 @@ type EngineMetrics struct {
 	PrefixQueries, PrefixHits, PromptTokens, GenerationTokens float64
 
 	// From vllm:cache_config_info; 0 when absent. KVCapacityTokens is
-	// kv_cache_size_tokens when the label is present, else BlockSize*NumGPUBlocks.
+	// kv_cache_size_tokens when the label is present, else
+	// BlockSize*NumGPUBlocks; for SGLang sglang:max_total_num_tokens; for
+	// llama.cpp the Poller sets it from /props (FigCacheConfig says it is
+	// known).
 	BlockSize, NumGPUBlocks, KVCapacityTokens int
 }
 
@@ -63,17 +68,10 @@ const (
 	FigPrefix = FigPrefixQueries | FigPrefixHits
 )
 
-// figureSeries names the series of each figure, in bit order, as messages
-// show them (current vLLM spelling).
-var figureSeries = [numFigures]string{
-	"vllm:num_requests_running",
-	"vllm:num_requests_waiting",
-	"vllm:kv_cache_usage_perc",
-	"vllm:prefix_cache_queries_total",
-	"vllm:prefix_cache_hits_total",
-	"vllm:prompt_tokens_total",
-	"vllm:generation_tokens_total",
-	"vllm:cache_config_info",
+// figureNames names each figure, in bit order, for messages.
+var figureNames = [numFigures]string{
+	"running", "waiting", "kv_usage", "prefix_queries", "prefix_hits",
+	"prompt_tokens", "generation_tokens", "kv_capacity",
 }
 
 // Has reports whether every figure of f is in s.
@@ -82,10 +80,14 @@ func (s Figures) Has(f Figures) bool { return s&f == f }
 // Missing returns the figures of AllFigures that are not in s.
 func (s Figures) Missing() Figures { return AllFigures &^ s }
 
-// String lists the series of the figures in s, comma-separated ("" when none).
-func (s Figures) String() string {
+// String lists the vLLM series of the figures in s, comma-separated ("" when
+// none); Dialect.Series names another engine's.
+func (s Figures) String() string { return DialectVLLM.Series(s) }
+
+// Names lists the figures in s by name, comma-separated ("" when none).
+func (s Figures) Names() string {
 	var b strings.Builder
-	for i, name := range figureSeries {
+	for i, name := range figureNames {
 		if s&(1<<i) != 0 {
 			if b.Len() > 0 {
 				b.WriteByte(',')
@@ -96,61 +98,16 @@ func (s Figures) String() string {
 	return b.String()
 }
 
-// ErrNoVLLMMetrics is returned by ParseMetrics for a well-formed exposition
-// that carries no vLLM series (for instance another program's /metrics).
-var ErrNoVLLMMetrics = errors.New("no vllm: series in exposition")
+// ErrNoKnownSeries is returned by ParseMetrics for a well-formed exposition
+// that carries no series of any engine it reads (for instance another
+// program's /metrics, or an engine of another version): the server answered,
+// only its figures are unknown.
+var ErrNoKnownSeries = errors.New("no series of a known engine (vllm, sglang, llamacpp, tgi) in exposition")
 
-const (
-	labelEngine     = "engine"
-	labelModelName  = "model_name"
-	defaultEngineID = "0"
-)
+// ErrNoVLLMMetrics is the former name of ErrNoKnownSeries.
+var ErrNoVLLMMetrics = ErrNoKnownSeries
 
-// seriesSpec is how ParseMetrics reads one metric family.
-type seriesSpec struct {
-	fig     int  // bit index of the figure
-	counter bool // a counter (else a gauge); untyped families are accepted as either
-	// rank orders the spellings of one figure: an engine's figure comes from
-	// its highest-ranked family present, so a figure exported under two
-	// names is not counted twice.
-	rank int8
-	// sum adds the engine's samples of the family (several label sets);
-	// otherwise the largest is kept.
-	sum bool
-}
-
-// seriesByName maps every family name ParseMetrics reads to its spec.
-//
-// Counters are read under both spellings: with the _total suffix, as Python's
-// prometheus_client (vLLM) prints them (vllm/v1/metrics/loggers.py,
-// PrometheusStatLogger: Counter "vllm:prefix_cache_queries" is exposed as
-// vllm:prefix_cache_queries_total), and without it, as an exposition written
-// with Go's client_golang may name them (llm-d-inference-sim v0.10.2 exports
-// vllm:prefix_cache_hits and vllm:prefix_cache_queries). The _created
-// companions prometheus_client adds are other families and are not read. The
-// vllm:gpu_ names are the prefix-cache and KV-usage series before vLLM 0.9;
-// they are read only when the current names are absent.
-var seriesByName = func() map[string]seriesSpec {
-	m := make(map[string]seriesSpec, 20)
-	fig := func(f Figures) int { return bits.TrailingZeros16(uint16(f)) }
-	m["vllm:num_requests_running"] = seriesSpec{fig: fig(FigRunning), sum: true}
-	m["vllm:num_requests_waiting"] = seriesSpec{fig: fig(FigWaiting), sum: true}
-	m["vllm:kv_cache_usage_perc"] = seriesSpec{fig: fig(FigKVUsage), rank: 1}
-	m["vllm:gpu_cache_usage_perc"] = seriesSpec{fig: fig(FigKVUsage)}
-	m["vllm:cache_config_info"] = seriesSpec{fig: fig(FigCacheConfig)}
-	counter := func(f Figures, names ...string) { // best spelling first
-		for i, base := range names {
-			r := int8(2 * (len(names) - i))
-			m[base+"_total"] = seriesSpec{fig: fig(f), counter: true, rank: r, sum: true}
-			m[base] = seriesSpec{fig: fig(f), counter: true, rank: r - 1, sum: true}
-		}
-	}
-	counter(FigPrefixQueries, "vllm:prefix_cache_queries", "vllm:gpu_prefix_cache_queries")
-	counter(FigPrefixHits, "vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits")
-	counter(FigPromptTokens, "vllm:prompt_tokens")
-	counter(FigGenerationTokens, "vllm:generation_tokens")
-	return m
-}()
+const defaultEngineID = "0"
 
 // engineSeen gathers one engine's figures while the families are read.
 type engineSeen struct {
@@ -159,47 +116,71 @@ type engineSeen struct {
 	rank [numFigures]int8 // of the family val came from; valid when the figure is present
 }
 
-// ParseMetrics reads a Prometheus text exposition as vLLM prints it and returns
-// the numbers of every engine found, keyed by the engine label ("0" for series
-// without one). Families are matched by name and type: counters with or
-// without the _total suffix (and the legacy vllm:gpu_ names), typed counter or
-// untyped; gauges typed gauge or untyped. Metric names containing ':',
-// _created lines, NaN values and escaped label values are accepted;
-// non-finite values are ignored. EngineMetrics.Present tells which figures
-// were found. Malformed input yields an error naming the line; a well-formed
-// exposition without any vLLM series yields ErrNoVLLMMetrics.
+// ParseMetrics reads a Prometheus text exposition of any engine it knows and
+// returns the numbers of every engine found; it detects the engine (see
+// ParseMetricsAs).
 func ParseMetrics(r io.Reader) (map[string]*EngineMetrics, error) {
+	return ParseMetricsAs(r, DialectAuto)
+}
+
+// ParseMetricsAs reads a Prometheus text exposition in dialect d
+// (DialectAuto: the engine whose series the exposition carries most of,
+// vLLM on a tie) and returns the numbers of every engine found, keyed by
+// the dialect's engine label ("0" for series without one); each carries the
+// dialect read. Families are matched by name and type: counters typed
+// counter or untyped (vLLM's with or without the _total suffix, and its
+// legacy vllm:gpu_ names); gauges typed gauge or untyped. Metric names
+// containing ':', _created lines, NaN values and escaped label values are
+// accepted; non-finite values are ignored. EngineMetrics.Present tells which
+// figures were found. Malformed input yields an error naming the line; a
+// well-formed exposition without any series of the dialect yields
+// ErrNoKnownSeries.
+func ParseMetricsAs(r io.Reader, d Dialect) (map[string]*EngineMetrics, error) {
 	parser := expfmt.NewTextParser(model.UTF8Validation)
 	families, err := parser.TextToMetricFamilies(r)
 	if err != nil {
-		return nil, fmt.Errorf("parsing vllm metrics: %w", err)
+		return nil, fmt.Errorf("parsing metrics: %w", err)
 	}
+	if d == DialectAuto {
+		d = detect(families)
+		if d == DialectAuto {
+			return nil, ErrNoKnownSeries
+		}
+	}
+	if int(d) >= len(dialects) {
+		return nil, fmt.Errorf("parsing metrics: unknown %v", d)
+	}
+	tab := &dialects[d]
 	engines := make(map[string]*engineSeen)
 	get := func(labels []*dto.LabelPair) *engineSeen {
-		id := labelValue(labels, labelEngine)
+		id := ""
+		if tab.engineLabel != "" {
+			id = labelValue(labels, tab.engineLabel)
+		}
 		if id == "" {
 			id = defaultEngineID
 		}
 		e := engines[id]
 		if e == nil {
-			e = &engineSeen{m: &EngineMetrics{Engine: id}}
+			e = &engineSeen{m: &EngineMetrics{Engine: id, Dialect: d}}
 			engines[id] = e
 		}
-		if mn := labelValue(labels, labelModelName); mn != "" && e.m.ModelName == "" {
-			e.m.ModelName = mn
+		if tab.modelLabel != "" && e.m.ModelName == "" {
+			e.m.ModelName = labelValue(labels, tab.modelLabel)
 		}
 		return e
 	}
 	for name, mf := range families {
 		spec, ok := seriesByName[name]
-		if !ok {
+		if !ok || spec.dialect != d {
 			continue
 		}
 		t := mf.GetType()
 		if !typeFits(t, spec.counter) {
 			continue // e.g. a histogram that happens to share a name
 		}
-		bit := Figures(1) << spec.fig
+		bit := spec.fig
+		fig := bits.TrailingZeros16(uint16(bit))
 		for _, m := range mf.GetMetric() {
 			v, ok := sampleValue(t, m)
 			if !ok {
@@ -207,25 +188,29 @@ func ParseMetrics(r io.Reader) (map[string]*EngineMetrics, error) {
 			}
 			e := get(m.GetLabel())
 			if bit == FigCacheConfig {
-				applyCacheConfig(e.m, m.GetLabel())
+				if tab.capacity == CapacityCacheConfig {
+					applyCacheConfig(e.m, m.GetLabel())
+				} else if v >= 1 && v <= math.MaxInt32*1024 { // a gauge in tokens
+					e.m.KVCapacityTokens = max(e.m.KVCapacityTokens, int(v))
+				}
 				e.m.Present |= bit
 				continue
 			}
 			switch {
-			case e.m.Present&bit == 0 || spec.rank > e.rank[spec.fig]:
-				e.val[spec.fig], e.rank[spec.fig] = v, spec.rank
+			case e.m.Present&bit == 0 || spec.rank > e.rank[fig]:
+				e.val[fig], e.rank[fig] = v, spec.rank
 				e.m.Present |= bit
-			case spec.rank < e.rank[spec.fig]:
+			case spec.rank < e.rank[fig]:
 				// a lower-ranked spelling of a figure already read
 			case spec.sum:
-				e.val[spec.fig] += v
+				e.val[fig] += v
 			default:
-				e.val[spec.fig] = math.Max(e.val[spec.fig], v)
+				e.val[fig] = math.Max(e.val[fig], v)
 			}
 		}
 	}
 	if len(engines) == 0 {
-		return nil, ErrNoVLLMMetrics
+		return nil, ErrNoKnownSeries
 	}
 	out := make(map[string]*EngineMetrics, len(engines))
 	for id, e := range engines {
@@ -233,9 +218,53 @@ func ParseMetrics(r io.Reader) (map[string]*EngineMetrics, error) {
 		m.Running, m.Waiting, m.KVUsage = e.val[0], e.val[1], e.val[2]
 		m.PrefixQueries, m.PrefixHits = e.val[3], e.val[4]
 		m.PromptTokens, m.GenerationTokens = e.val[5], e.val[6]
+		tab.derive(m)
 		out[id] = m
 	}
 	return out, nil
+}
+
+// derive fills the figures a dialect counts differently from vLLM, so that
+// they mean the same for every engine.
+func (t *dialectTable) derive(m *EngineMetrics) {
+	if t.hitsAppearLate && m.Present.Has(FigPromptTokens) && !m.Present.Has(FigPrefixHits) {
+		m.PrefixHits = 0 // no sample before the first hit
+		m.Present |= FigPrefixHits
+	}
+	switch t.queries {
+	case queriesPrompt:
+		if m.Present.Has(FigPromptTokens) {
+			m.PrefixQueries = m.PromptTokens
+			m.Present |= FigPrefixQueries
+		}
+	case queriesPromptPlusCached:
+		if m.Present.Has(FigPromptTokens | FigPrefixHits) {
+			m.PromptTokens += m.PrefixHits
+			m.PrefixQueries = m.PromptTokens
+			m.Present |= FigPrefixQueries
+		} else {
+			// the computed tokens alone are not the prompt tokens
+			m.Present &^= FigPromptTokens
+		}
+	}
+}
+
+// detect returns the dialect whose families the exposition carries most of
+// (vLLM first on a tie), or DialectAuto when it carries none.
+func detect(families map[string]*dto.MetricFamily) Dialect {
+	var votes [numDialects]int
+	for name, mf := range families {
+		if spec, ok := seriesByName[name]; ok && len(mf.GetMetric()) > 0 {
+			votes[spec.dialect]++
+		}
+	}
+	best := DialectAuto
+	for d := DialectVLLM; d < numDialects; d++ {
+		if votes[d] > votes[best] {
+			best = d
+		}
+	}
+	return best
 }
 
 // typeFits reports whether a family of type t can be read as a counter

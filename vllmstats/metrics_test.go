@@ -87,6 +87,9 @@ func TestParseMetricsFixtures(t *testing.T) {
 				if !ok {
 					t.Fatalf("engine %q missing", id)
 				}
+				if w.Dialect == DialectAuto {
+					w.Dialect = DialectVLLM
+				}
 				if *g != w {
 					t.Errorf("engine %q:\n got %+v\nwant %+v", id, *g, w)
 				}

@@ -3,9 +3,11 @@ package vllmstats
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"sort"
 	"strings"
@@ -47,6 +49,10 @@ type PollerConfig struct {
 	Client *http.Client
 	// Logger defaults to a no-op logger.
 	Logger *zap.Logger
+	// Dialect is the engine whose names are read; DialectAuto (the zero
+	// value) detects it from each server's first exposition that carries
+	// known series, and again when a later one carries none of its names.
+	Dialect Dialect
 	// OnSnapshot, when set, is called with the new snapshot after every poll
 	// round (from the poller's goroutine) and after SetTargets (from its
 	// caller's). It must not block for long: the next round waits for it.
@@ -94,11 +100,23 @@ type ReplicaStats struct {
 
 	// Metrics are from the last good poll (kept while polls fail).
 	Metrics EngineMetrics
+	// Dialect is the engine the replica's exposition was read as: the
+	// configured one, or the one detected (DialectAuto until then).
+	Dialect Dialect
+	// Unread, when not "", says why the last poll, which the server
+	// answered with 200, gave no figures (no series of a known engine, or
+	// not a Prometheus exposition): the replica is reachable, its figures
+	// unknown.
+	Unread string
 
 	// HitRateWindow is Δhits/Δqueries of the prefix cache over the last
 	// Window, HitRateTotal since the poller started; 0 when no queries.
-	// Both are meaningful only when HitRateKnown.
+	// Both are meaningful only when HitRateKnown, and HitRateWindow only
+	// when HitRateWindowKnown too.
 	HitRateWindow, HitRateTotal float64
+	// HitRateWindowKnown is false when no prompt token was looked up in the
+	// window: the replica was idle, its windowed rate is unknown, not 0 %.
+	HitRateWindowKnown bool
 	// HitRateKnown is true when the last good poll found both prefix-cache
 	// counters (Metrics.Present has FigPrefix). When false the hit rates are
 	// unknown, not 0.
@@ -121,7 +139,7 @@ type Poller struct {
 	mu      sync.Mutex // targets, states, urls; never held during I/O
 	targets []Target
 	states  map[string]*targetState
-	urls    map[string]bool // distinct base URLs, each polled once a round
+	urls    map[string]*urlState // distinct base URLs, each polled once a round
 
 	snap atomic.Pointer[Snapshot]
 
@@ -131,13 +149,28 @@ type Poller struct {
 	done                chan struct{}
 }
 
+// urlState is what the poller keeps of one server between rounds.
+type urlState struct {
+	dialect Dialect // detected (or configured); DialectAuto until known
+	// capacity is the KV capacity in tokens from /props (llama.cpp); 0
+	// until read.
+	capacity int
+}
+
 type targetState struct {
 	stats    ReplicaStats
 	havePrev [2]bool    // prev holds a value of that counter
+	// without: a good poll found the server without that counter: one that
+	// appears later started from 0 then (a client_golang counter has no
+	// sample before its first increment), so all of it is new traffic
+	without [2]bool
 	prev     [2]float64 // prefix queries, hits
 	// missing is the set of figures last logged as absent.
 	missing Figures
-	window  *hitWindow
+	// unread is the Unread reason last logged ("" when the last poll read
+	// figures).
+	unread string
+	window *hitWindow
 }
 
 // NewPoller returns a stopped poller with its first snapshot (every target
@@ -171,7 +204,7 @@ func NewPoller(cfg PollerConfig) *Poller {
 		cfg:    cfg,
 		log:    log,
 		states: make(map[string]*targetState),
-		urls:   make(map[string]bool),
+		urls:   make(map[string]*urlState),
 		done:   make(chan struct{}),
 	}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
@@ -230,7 +263,9 @@ func (p *Poller) setTargetsLocked(targets []Target) {
 			st = p.newState(t)
 			p.states[t.ID] = st
 		}
-		p.urls[t.BaseURL] = true
+		if p.urls[t.BaseURL] == nil {
+			p.urls[t.BaseURL] = &urlState{dialect: p.cfg.Dialect}
+		}
 	}
 	for id := range p.states {
 		if !seen[id] {
@@ -282,6 +317,12 @@ func (p *Poller) run() {
 type urlResult struct {
 	engines map[string]*EngineMetrics
 	err     error
+	// unread: the server answered 200 but its body gave no figures (err
+	// says why); not a failed poll.
+	unread  bool
+	dialect Dialect
+	// capacity from /props, when read this round
+	capacity int
 }
 
 // round polls every distinct base URL once, concurrently, then applies the
@@ -289,8 +330,10 @@ type urlResult struct {
 func (p *Poller) round() {
 	p.mu.Lock()
 	urls := make([]string, 0, len(p.urls))
-	for u := range p.urls {
+	known := make([]urlState, 0, len(p.urls))
+	for u, us := range p.urls {
 		urls = append(urls, u)
+		known = append(known, *us)
 	}
 	p.mu.Unlock()
 
@@ -300,7 +343,7 @@ func (p *Poller) round() {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			results[i].engines, results[i].err = p.fetchMetrics(u)
+			results[i] = p.fetchMetrics(u, known[i])
 		}()
 	}
 	wg.Wait()
@@ -311,8 +354,17 @@ func (p *Poller) round() {
 	now := time.Now()
 	p.mu.Lock()
 	for i, u := range urls {
-		if p.urls[u] {
-			p.applyURL(u, &results[i], now)
+		if us := p.urls[u]; us != nil {
+			r := &results[i]
+			if r.err == nil || r.unread {
+				if p.cfg.Dialect == DialectAuto && r.dialect != DialectAuto && r.dialect != us.dialect {
+					us.dialect, us.capacity = r.dialect, 0 // another engine: read its capacity anew
+				}
+			}
+			if r.capacity > 0 {
+				us.capacity = r.capacity
+			}
+			p.applyURL(u, r, us, now)
 		} // else removed by SetTargets meanwhile
 	}
 	s := p.publishLocked(now)
@@ -322,12 +374,17 @@ func (p *Poller) round() {
 	}
 }
 
-func (p *Poller) applyURL(url string, r *urlResult, now time.Time) {
+func (p *Poller) applyURL(url string, r *urlResult, us *urlState, now time.Time) {
 	for _, t := range p.targets {
 		if t.BaseURL != url {
 			continue
 		}
 		st := p.states[t.ID]
+		st.stats.Dialect = us.dialect
+		if r.unread {
+			p.reachedUnread(st, r.err, now)
+			continue
+		}
 		err := r.err
 		var em *EngineMetrics
 		if err == nil {
@@ -340,8 +397,34 @@ func (p *Poller) applyURL(url string, r *urlResult, now time.Time) {
 			p.fail(st, err)
 			continue
 		}
+		if us.capacity > 0 && !em.Present.Has(FigCacheConfig) {
+			em.KVCapacityTokens = us.capacity
+			em.Present |= FigCacheConfig
+		}
 		p.succeed(st, em, now)
 	}
+}
+
+// reachedUnread records a poll the server answered with 200 but whose body
+// gave no figures: the replica is reachable, every figure unknown. Logged
+// once per replica and reason.
+func (p *Poller) reachedUnread(st *targetState, why error, now time.Time) {
+	s := &st.stats
+	if !s.Reachable {
+		p.log.Info("replica reachable again", zap.String("replica", s.ID), zap.Time("last_seen", s.LastSeen))
+	}
+	s.Reachable, s.Failures, s.LastError, s.LastSeen, s.Refused = true, 0, "", now, false
+	s.Metrics = EngineMetrics{Engine: s.Metrics.Engine}
+	s.HitRateKnown = false
+	s.Unread = why.Error()
+	if st.unread != s.Unread {
+		p.log.Warn("replica's /metrics gives no figure this module reads; it stays in placement with its load unknown (set engine, or check the engine's metrics flag)",
+			zap.String("replica", s.ID), zap.String("reason", s.Unread))
+		st.unread = s.Unread
+		st.missing = AllFigures
+	}
+	// the window sees no new counts: its rate decays to idle
+	s.HitRateWindow, s.HitRateWindowKnown = st.window.add(now, s.QueriesSinceStart, s.HitsSinceStart)
 }
 
 func pickEngine(engines map[string]*EngineMetrics, engine string) (*EngineMetrics, error) {
@@ -371,7 +454,7 @@ func (p *Poller) fail(st *targetState, err error) {
 	s.Refused = errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET)
 	if s.Failures >= p.cfg.FailAfter && s.Reachable {
 		s.Reachable = false
-		p.log.Warn("vLLM replica unreachable", zap.String("replica", s.ID), zap.Int("failures", s.Failures), zap.Error(err))
+		p.log.Warn("replica unreachable", zap.String("replica", s.ID), zap.Int("failures", s.Failures), zap.Error(err))
 	}
 }
 
@@ -379,18 +462,21 @@ func (p *Poller) fail(st *targetState, err error) {
 func (p *Poller) succeed(st *targetState, em *EngineMetrics, now time.Time) (reset bool) {
 	s := &st.stats
 	if !s.Reachable {
-		p.log.Info("vLLM replica reachable again", zap.String("replica", s.ID), zap.Time("last_seen", s.LastSeen))
+		p.log.Info("replica reachable again", zap.String("replica", s.ID), zap.Time("last_seen", s.LastSeen))
 	}
 	s.Reachable, s.Failures, s.LastError, s.LastSeen, s.Refused = true, 0, "", now, false
 	s.Metrics = *em
+	s.Dialect = em.Dialect
+	s.Unread, st.unread = "", ""
 
 	if missing := em.Present.Missing(); missing != st.missing {
 		// Once per replica and change, not every poll.
 		if missing != 0 {
-			p.log.Warn("vLLM replica does not export some series; they are shown as unknown",
-				zap.String("replica", s.ID), zap.String("missing", missing.String()))
+			p.log.Warn("replica does not export some series; they are shown as unknown",
+				zap.String("replica", s.ID), zap.String("engine", em.Dialect.String()),
+				zap.String("missing", em.Dialect.Series(missing)))
 		} else {
-			p.log.Info("vLLM replica exports every series read", zap.String("replica", s.ID))
+			p.log.Info("replica exports every series read", zap.String("replica", s.ID), zap.String("engine", em.Dialect.String()))
 		}
 		st.missing = missing
 	}
@@ -410,10 +496,14 @@ func (p *Poller) succeed(st *targetState, em *EngineMetrics, now time.Time) (res
 	since := [2]*float64{&s.QueriesSinceStart, &s.HitsSinceStart}
 	for i := range cur {
 		if !have[i] {
+			st.without[i] = !st.havePrev[i]
 			continue
 		}
-		if st.havePrev[i] && !reset {
+		switch {
+		case st.havePrev[i] && !reset:
 			*since[i] += cur[i] - st.prev[i]
+		case !st.havePrev[i] && st.without[i]:
+			*since[i] += cur[i] // appeared since the last poll: from 0
 		}
 		st.prev[i], st.havePrev[i] = cur[i], true
 	}
@@ -423,7 +513,7 @@ func (p *Poller) succeed(st *targetState, em *EngineMetrics, now time.Time) (res
 	}
 
 	// Window: the cumulative (reset-safe) counts at each good poll.
-	s.HitRateWindow = st.window.add(now, s.QueriesSinceStart, s.HitsSinceStart)
+	s.HitRateWindow, s.HitRateWindowKnown = st.window.add(now, s.QueriesSinceStart, s.HitsSinceStart)
 	return reset
 }
 
@@ -457,14 +547,61 @@ func (p *Poller) get(url string, accept string) ([]byte, error) {
 	return b, nil
 }
 
-func (p *Poller) fetchMetrics(base string) (map[string]*EngineMetrics, error) {
+// fetchMetrics polls one server's /metrics and, for an engine whose KV
+// capacity only /props gives (llama.cpp) while it is not known, its /props:
+// one extra GET a round until it is read.
+func (p *Poller) fetchMetrics(base string, known urlState) urlResult {
 	b, err := p.get(base+p.cfg.MetricsPath, "text/plain;version=0.0.4;q=1,*/*;q=0.1")
 	if err != nil {
-		return nil, err
+		return urlResult{err: err}
 	}
-	engines, err := ParseMetrics(bytes.NewReader(b))
+	d := known.dialect
+	engines, err := ParseMetricsAs(bytes.NewReader(b), d)
+	if errors.Is(err, ErrNoKnownSeries) && d != DialectAuto && p.cfg.Dialect == DialectAuto {
+		// the engine detected before is gone: another one may serve here
+		engines, err = ParseMetricsAs(bytes.NewReader(b), DialectAuto)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("polling %s%s: %w", base, p.cfg.MetricsPath, err)
+		// The server answered 200: reachable, whatever its body says.
+		return urlResult{err: fmt.Errorf("polling %s%s: %w", base, p.cfg.MetricsPath, err), unread: true, dialect: d}
 	}
-	return engines, nil
+	r := urlResult{engines: engines}
+	for _, em := range engines {
+		r.dialect = em.Dialect
+		break
+	}
+	if r.dialect.Capacity() == CapacityProps && (known.capacity == 0 || r.dialect != known.dialect) {
+		if n, err := p.propsCapacity(base); err != nil {
+			p.log.Debug("reading /props for the KV capacity", zap.String("server", base), zap.Error(err))
+		} else {
+			r.capacity = n
+		}
+	}
+	return r
+}
+
+// propsCapacity reads llama.cpp's GET /props (tools/server/server-context.cpp,
+// get_res_props): default_generation_settings.n_ctx is one slot's context
+// (llama_n_ctx_seq), total_slots the slots (-np); their product is the KV
+// cache the server allocated, unless it runs --kv-unified, where the slots
+// share one n_ctx (then set kv_tokens).
+func (p *Poller) propsCapacity(base string) (int, error) {
+	b, err := p.get(base+"/props", "application/json")
+	if err != nil {
+		return 0, err
+	}
+	var props struct {
+		Settings struct {
+			NCtx int64 `json:"n_ctx"`
+		} `json:"default_generation_settings"`
+		TotalSlots int64 `json:"total_slots"`
+	}
+	if err := json.Unmarshal(b, &props); err != nil {
+		return 0, fmt.Errorf("GET %s/props: %w", base, err)
+	}
+	n, slots := props.Settings.NCtx, max(props.TotalSlots, 1)
+	if n <= 0 || n > math.MaxInt32 || slots > 1<<16 {
+		return 0, fmt.Errorf("GET %s/props: no usable n_ctx (%d) × total_slots (%d)", base, n, props.TotalSlots)
+	}
+	return int(n * slots), nil
 }

@@ -176,7 +176,6 @@ func TestPollerFailuresAndRecovery(t *testing.T) {
 		want  string
 	}{
 		{"5xx", func() { good.set(503, "engine dead") }, "503"},
-		{"garbage", func() { good.set(200, "<html>oops</html>") }, "parsing vllm metrics"},
 		{"wrong engine", func() { good.set(200, strings.ReplaceAll(counters(1, 1, 1), `engine="0"`, `engine="5"`)) }, `engine "0" not in exposition`},
 	}
 	for _, fc := range failures {
@@ -214,6 +213,48 @@ func TestPollerFailuresAndRecovery(t *testing.T) {
 	}
 	if g := mustReplica(t, p, "good"); !g.Reachable {
 		t.Fatalf("good replica hurt by the dead one: %+v", g)
+	}
+}
+
+// A server that answers 200 is reachable, whatever its body: an exposition
+// without any known engine's series, or no exposition at all, leaves every
+// figure unknown, is logged once and never counts as a failed poll.
+func TestPollerReachableWithoutKnownSeries(t *testing.T) {
+	f := newFakeVLLM(t, counters(100, 50, 2))
+	core, logs := observer.New(zap.WarnLevel)
+	p := NewPoller(PollerConfig{
+		Targets:  []Target{{ID: "r", BaseURL: f.srv.URL}},
+		Interval: time.Second, FailAfter: 1, Logger: zap.New(core),
+	})
+	defer p.Stop()
+	p.round()
+	if r := mustReplica(t, p, "r"); r.Dialect != DialectVLLM || !r.HitRateKnown {
+		t.Fatalf("vLLM exposition: %+v", r)
+	}
+	bodies := []struct{ name, body, unread string }{
+		{"another program", "# TYPE go_goroutines gauge\ngo_goroutines 12\n", "no series of a known engine"},
+		{"not an exposition", "<html>oops</html>", "text format parsing error"},
+	}
+	for _, b := range bodies {
+		f.set(200, b.body)
+		for range 3 { // FailAfter is 1: one failure would take it out
+			p.round()
+		}
+		r := mustReplica(t, p, "r")
+		if !r.Reachable || r.Failures != 0 || r.LastError != "" || r.Refused || r.LastSeen.IsZero() {
+			t.Fatalf("%s: not reachable: %+v", b.name, r)
+		}
+		if r.Metrics.Present != 0 || r.HitRateKnown || r.HitRateWindowKnown || !strings.Contains(r.Unread, b.unread) {
+			t.Fatalf("%s: figures not unknown: %+v", b.name, r)
+		}
+	}
+	if n := logs.FilterMessageSnippet("gives no figure").Len(); n != 2 {
+		t.Fatalf("logged %d times for 2 reasons over 6 polls, want 2: %v", n, logs.All())
+	}
+	f.set(200, counters(100, 50, 2))
+	p.round()
+	if r := mustReplica(t, p, "r"); r.Unread != "" || r.Metrics.Running != 2 || !r.HitRateKnown {
+		t.Fatalf("back to vLLM: %+v", r)
 	}
 }
 
@@ -389,3 +430,32 @@ func TestPollerPrefixSeriesAbsent(t *testing.T) {
 		t.Fatalf("warning names %v", got)
 	}
 }
+
+// A counter without a sample until the first request (llm-d-inference-sim,
+// client_golang) counts from 0 when it appears after a good poll without it:
+// the first traffic is not lost as a baseline.
+func TestPollerCountersAppearingLater(t *testing.T) {
+	fresh := readFixture(t, "sim_eec055a_fresh.txt")
+	f := newFakeVLLM(t, fresh)
+	p := NewPoller(PollerConfig{Targets: []Target{{ID: "r", BaseURL: f.srv.URL}}, Interval: time.Second, Window: time.Hour})
+	defer p.Stop()
+	p.round()
+	if r := mustReplica(t, p, "r"); r.HitRateKnown || r.QueriesSinceStart != 0 {
+		t.Fatalf("fresh: %+v", r)
+	}
+	f.set(200, readFixture(t, "sim_eec055a.txt"))
+	p.round()
+	r := mustReplica(t, p, "r")
+	if !r.HitRateKnown || r.QueriesSinceStart != 666 || r.HitsSinceStart != 416 || !r.HitRateWindowKnown || r.HitRateWindow != 416.0/666 {
+		t.Fatalf("after the first requests: %+v", r)
+	}
+	// a counter present from the first poll is a baseline, as before
+	g := newFakeVLLM(t, readFixture(t, "sim_eec055a.txt"))
+	q := NewPoller(PollerConfig{Targets: []Target{{ID: "g", BaseURL: g.srv.URL}}, Interval: time.Second})
+	defer q.Stop()
+	q.round()
+	if r := mustReplica(t, q, "g"); r.QueriesSinceStart != 0 || r.HitRateWindowKnown {
+		t.Fatalf("baseline: %+v", r)
+	}
+}
+

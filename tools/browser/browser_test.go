@@ -235,13 +235,22 @@ func browserExpectCard(t *testing.T, got browserCard, want caddymodule.Card) {
 		check(w.ID+" KV", c["kv"], optNum(w.KVUsage), optPct(w.KVUsage))
 		check(w.ID+" prefix hit rate", c["hit"], optNum(w.PrefixHitRate), optPct(w.PrefixHitRate))
 		check(w.ID+" bindings", c["bindings"], strconv.Itoa(w.Bindings), fmt.Sprintf("%d (%d recent)", w.Bindings, w.Active))
+		// the engine the metrics name and the figures it does not give
+		// follow the availability
+		engine := ""
+		if w.Engine != "" {
+			engine += " · " + w.Engine
+		}
+		if w.MetricsUnread != "" {
+			engine += " · figures unknown: " + w.MetricsUnread
+		}
 		switch {
 		case w.Reachable && w.Available:
-			check(w.ID+" status", c["state"], "available", "available")
+			check(w.ID+" status", c["state"], "available", "available"+engine)
 		case w.Reachable && len(w.Out) == 0:
-			check(w.ID+" status", c["state"], "out", "out: marked unavailable by the proxy")
+			check(w.ID+" status", c["state"], "out", "out: marked unavailable by the proxy"+engine)
 		case w.Reachable:
-			check(w.ID+" status", c["state"], "out", "out: "+strings.Join(w.Out, ", "))
+			check(w.ID+" status", c["state"], "out", "out: "+strings.Join(w.Out, ", ")+engine)
 		case c["state"].V != "unreachable" || !strings.HasPrefix(c["state"].T, "unreachable") ||
 			!strings.HasSuffix(w.LastError, strings.TrimPrefix(strings.SplitN(c["state"].T, " · ", 2)[0], "unreachable: ")):
 			t.Errorf("%s status %+v, admin JSON last error %q", w.ID, c["state"], w.LastError)

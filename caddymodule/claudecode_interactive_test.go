@@ -1,0 +1,184 @@
+package caddymodule
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// ccLive is one request interactive Claude Code sent, as
+// testdata/claudecode-interactive holds it.
+type ccLive struct {
+	File    string            `json:"file"`
+	Session string            `json:"session"` // the capture it belongs to
+	Method  string            `json:"method"`
+	Path    string            `json:"path"`
+	Kind    string            `json:"kind"`    // main (a turn of the conversation), side, probe
+	Segment string            `json:"segment"` // the conversation: A, C after /compact, B after /clear
+	Step    string            `json:"step"`
+	Headers map[string]string `json:"headers"`
+	body    string
+}
+
+func loadInteractive(t *testing.T) []ccLive {
+	t.Helper()
+	dir := filepath.Join("testdata", "claudecode-interactive")
+	b, err := os.ReadFile(filepath.Join(dir, "requests.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reqs []ccLive
+	if err := json.Unmarshal(b, &reqs); err != nil {
+		t.Fatal(err)
+	}
+	for i := range reqs {
+		if reqs[i].File == "" {
+			continue
+		}
+		body, err := os.ReadFile(filepath.Join(dir, reqs[i].File))
+		if err != nil {
+			t.Fatal(err)
+		}
+		reqs[i].body = string(body)
+	}
+	return reqs
+}
+
+// TestClaudeCodeInteractiveStarts checks the start fingerprint on what an
+// interactive Claude Code sent: the turns of one conversation share a
+// start, the summarising requests of /compact keep it, the turns after
+// /compact share a new one; title requests and auto mode's classifier
+// calls have starts unlike any turn's and hold one message (lone), which
+// no turn of a conversation does.
+func TestClaudeCodeInteractiveStarts(t *testing.T) {
+	main := map[string]uint64{} // session/segment -> start of its turns
+	side := map[uint64]string{}
+	for _, r := range loadInteractive(t) {
+		if r.Kind == "probe" {
+			continue
+		}
+		fp, lone := splitStart(startFingerprint(r.body, defaultFingerprintBytes))
+		if fp == 0 {
+			t.Fatalf("%s: no start", r.File)
+		}
+		if lone != (r.Kind == "side") {
+			t.Errorf("%s (%s): lone %v; want lone exactly for side requests (one message)", r.File, r.Step, lone)
+		}
+		seg := r.Session + "/" + r.Segment
+		switch r.Kind {
+		case "main":
+			if prev, ok := main[seg]; ok && prev != fp {
+				t.Errorf("%s (%s): start %x, want %x as the conversation's earlier turns", r.File, r.Step, fp, prev)
+			}
+			main[seg] = fp
+		case "side":
+			// retries of a classifier call repeat its start
+			side[fp] = r.File
+		}
+	}
+	for seg, fp := range main {
+		if f, ok := side[fp]; ok {
+			t.Errorf("conversation %s has the start of side request %s", seg, f)
+		}
+	}
+	if len(side) == 0 || len(main) < 4 {
+		t.Fatalf("%d side starts, %d conversations: fixtures incomplete", len(side), len(main))
+	}
+}
+
+// TestClaudeCodeInteractiveReplayThroughCaddy sends what three
+// interactive Claude Code sessions sent (one with its title requests, one
+// with CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1, one whose Agent call
+// auto mode's classifier checked, retrying its calls) through Caddy with
+// four replicas, in order: every turn of a conversation lands on one replica,
+// a /compact costs exactly one restart and no move, title requests are
+// counted as side requests, and the keyless HEAD /api/hello (404 from the
+// emulator, as from vLLM) takes no replica out.
+func TestClaudeCodeInteractiveReplayThroughCaddy(t *testing.T) {
+	_, ids := startEmulator(t, 4, 50)
+	const model = "cc-interactive"
+	loadSite(t, fmt.Sprintf(`
+	lm_warden
+	reverse_proxy %s {
+		lb_policy lm_warden {
+			model %s
+			poll_interval 100ms
+		}
+		flush_interval -1
+	}`, strings.Join(ids, " "), model))
+	where := map[string]string{} // session/segment -> replica of its turns
+	sessionOf := map[string]string{}
+	reasons := map[string]int{}
+	compactions := map[string]bool{} // capture -> it has a segment C
+	for _, r := range loadInteractive(t) {
+		if r.Kind == "probe" {
+			req, err := http.NewRequest(r.Method, siteURL+r.Path, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp, err := testClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			continue
+		}
+		body := maxTokens.ReplaceAllString(r.body, `"max_tokens":16`)
+		res := sendTurn(t, r.Path, body, map[string]string{
+			"X-Claude-Code-Session-Id": r.Headers["X-Claude-Code-Session-Id"],
+			"Anthropic-Version":        r.Headers["Anthropic-Version"],
+		})
+		if res.status != http.StatusOK {
+			t.Fatalf("%s (%s): %d %s", r.File, r.Step, res.status, res.body)
+		}
+		reasons[res.reason]++
+		seg := r.Session + "/" + r.Segment
+		if r.Segment == "C" {
+			compactions[r.Session] = true
+		}
+		sid := r.Headers["X-Claude-Code-Session-Id"]
+		if prev, ok := sessionOf[sid]; !ok {
+			sessionOf[sid] = res.replica
+		} else if res.replica != prev {
+			// nothing here is over the threshold: even side requests
+			// stay with their session's conversation
+			t.Errorf("%s (%s, %s): on %s, its session's requests on %s", r.File, r.Step, res.reason, res.replica, prev)
+		}
+		if r.Kind == "main" {
+			if prev, ok := where[seg]; ok && prev != res.replica {
+				t.Errorf("%s (%s): turn on %s, the conversation's earlier turns on %s", r.File, r.Step, res.replica, prev)
+			}
+			where[seg] = res.replica
+		}
+		if r.Kind == "side" && res.reason != "side" && res.reason != "placed" {
+			t.Errorf("%s (%s): %s, want side (or placed, a session's first request)", r.File, r.Step, res.reason)
+		}
+		if res.reason == "spilled" || res.reason == "re-placed" || res.reason == "cold-replaced" {
+			t.Errorf("%s (%s): %s", r.File, r.Step, res.reason)
+		}
+	}
+	if want := len(compactions); reasons["restarted"] != want || want != 2 {
+		t.Errorf("restarted %d, want %d: one per /compact (reasons %v)", reasons["restarted"], want, reasons)
+	}
+	var side, restarted, fails uint64
+	c := getCard(t, model)
+	for _, row := range c.Replicas {
+		side += row.Side
+		restarted += row.Restarted
+		fails += row.ProxyFailures
+		if !row.Available {
+			t.Errorf("%s out after the replay: %v", row.ID, row.Out)
+		}
+		if p := modelCounter(t, "lm_warden_requests_total", model, row.ID, map[string]string{"reason": "side"}); p != float64(row.Side) {
+			t.Errorf("%s: Prometheus side %v, card %d", row.ID, p, row.Side)
+		}
+	}
+	if side != uint64(reasons["side"]) || side == 0 || restarted != uint64(reasons["restarted"]) || fails != 0 {
+		t.Errorf("card: side %d restarted %d proxy failures %d; responses said side %d restarted %d", side, restarted, fails, reasons["side"], reasons["restarted"])
+	}
+	t.Logf("reasons %v; conversations on %v", reasons, where)
+}

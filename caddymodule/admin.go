@@ -280,6 +280,23 @@ type Card struct {
 	Warning string `json:"warning"`
 	// Store is the shared binding store's state; absent without one.
 	Store *StoreStatus `json:"store,omitempty"`
+	// RecentSpills are the last turns whose replica was over the spill
+	// threshold and that another replica could take, oldest first, with
+	// the estimates that moved them or kept them.
+	RecentSpills []SpillRow `json:"recent_spills"`
+}
+
+// SpillRow is one spill decision on the card: the turn's expected time to
+// first token on its replica (stay) and on the target, its history of
+// context_tokens recomputed there (move); moved says which won.
+type SpillRow struct {
+	At            time.Time `json:"at"`
+	From          string    `json:"from"`
+	To            string    `json:"to"`
+	StayS         float64   `json:"stay_s"`
+	MoveS         float64   `json:"move_s"`
+	ContextTokens int       `json:"context_tokens"`
+	Moved         bool      `json:"moved"`
 }
 
 // AdmissionRow is working-set admission's state on the card.
@@ -351,10 +368,16 @@ type ReplicaRow struct {
 	StayedOverloaded uint64     `json:"stayed_overloaded"`
 	Placed           uint64     `json:"placed"`
 	SpillAccepted    uint64     `json:"spill_accepted"`
-	ClientPinned     uint64     `json:"client_pinned"`
-	Replaced         uint64     `json:"re_placed"`
-	AffinityOff      uint64     `json:"affinity_off"`
-	NoKey            uint64     `json:"no_key"`
+	// SpillDeclined counts turns that stayed here over the threshold
+	// because moving was not expected to bring their first token sooner.
+	SpillDeclined uint64 `json:"spill_declined"`
+	// PrefillRate is the prefill rate learned from the turns here, in
+	// tokens per second; null before one was learned.
+	PrefillRate  *float64 `json:"prefill_rate"`
+	ClientPinned uint64   `json:"client_pinned"`
+	Replaced     uint64   `json:"re_placed"`
+	AffinityOff  uint64   `json:"affinity_off"`
+	NoKey        uint64   `json:"no_key"`
 	// Restarted counts conversations placed here anew because their start
 	// changed under the same key (compacted or cleared); ColdReplaced those
 	// placed here because their replica no longer held their cache;
@@ -437,13 +460,17 @@ func buildCard(m *modelState, now time.Time) Card {
 		Requests: s.Requests, KeyedRequests: s.KeyedRequests, Bindings: s.Bindings,
 		Since: s.Since.UTC(), Writable: true, Replicas: make([]ReplicaRow, 0, len(s.Replicas)),
 		Admission: admissionRow(s.Admission), Warning: overcommitMessage(s.Admission),
-		Store: m.storeStatus(),
+		Store: m.storeStatus(), RecentSpills: make([]SpillRow, 0, len(s.RecentSpills)),
+	}
+	for _, sc := range s.RecentSpills {
+		c.RecentSpills = append(c.RecentSpills, SpillRow{At: sc.At.UTC(), From: sc.From, To: sc.To,
+			StayS: sc.Stay.Seconds(), MoveS: sc.Move.Seconds(), ContextTokens: sc.Context, Moved: sc.Moved})
 	}
 	for _, r := range s.Replicas {
 		row := ReplicaRow{
 			ID: r.ID, Available: r.Available, Out: r.Out.Names(), ProxyFailures: r.ProxyFailures, Held: r.InFlight,
 			Sticky: r.Sticky, StayedOverloaded: r.StayedOverloaded, Placed: r.Placed,
-			SpillAccepted: r.SpillAccepted, ClientPinned: r.ClientPinned, Replaced: r.Replaced,
+			SpillAccepted: r.SpillAccepted, SpillDeclined: r.SpillDeclined, ClientPinned: r.ClientPinned, Replaced: r.Replaced,
 			AffinityOff: r.AffinityOff, NoKey: r.NoKey, Bindings: r.Bindings, Active: r.Active,
 			Restarted: r.Restarted, Side: r.Side, ColdReplaced: r.ColdReplaced, ColdMarked: r.ColdMarked, Ended: r.Ended,
 			PredictedCached: r.PredictedTokens, DeliveredCached: r.DeliveredTokens,
@@ -451,6 +478,9 @@ func buildCard(m *modelState, now time.Time) Card {
 		}
 		if r.Capacity > 0 {
 			row.KVCapacityTokens = optional(r.Capacity)
+		}
+		if r.PrefillRate > 0 {
+			row.PrefillRate = optional(r.PrefillRate)
 		}
 		if r.PredictedTokens > 0 {
 			row.DeliveredShare = optional(r.DeliveredShare())

@@ -105,6 +105,7 @@ func streamTurn(ctx context.Context, base, model, conv string, n int, hdr map[st
 	defer resp.Body.Close()
 	l.status = resp.StatusCode
 	l.replica, l.reason, _ = strings.Cut(resp.Header.Get(RouteHeader), "; ")
+	l.reason, _, _ = strings.Cut(l.reason, "; ") // the spill estimates follow
 	if resp.StatusCode != http.StatusOK {
 		return l
 	}

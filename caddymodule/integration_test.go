@@ -111,6 +111,7 @@ type turnResult struct {
 	body    string
 	replica string
 	reason  string
+	costs   string // the spill estimates, for a turn over the threshold
 	header  http.Header
 }
 
@@ -132,6 +133,7 @@ func sendTurn(t *testing.T, path, body string, hdr map[string]string) turnResult
 	b, _ := io.ReadAll(resp.Body)
 	res := turnResult{status: resp.StatusCode, body: string(b), header: resp.Header}
 	res.replica, res.reason, _ = strings.Cut(resp.Header.Get(RouteHeader), "; ")
+	res.reason, res.costs, _ = strings.Cut(res.reason, "; ")
 	return res
 }
 
@@ -373,11 +375,42 @@ func TestSpillOverThresholdAndRebind(t *testing.T) {
 			cold = f
 		}
 	}
+	// over the threshold without a queue: moving gains nothing
 	hot.setLoad(0, 5, 0)
 	waitFor(t, "the hot replica's load", func() bool { r := cardRow(getCard(t, "spill"), hot.addr).Running; return r != nil && *r == 5 })
+	declined := sendTurn(t, "/v1/messages", chatTurn("s", 2, false), h)
+	if declined.reason != "spill-declined" || declined.replica != hot.addr || !strings.HasPrefix(declined.costs, "stay 0.00s, move ") {
+		t.Fatalf("over the threshold, no queue: %s; %s; %s, want %s; spill-declined; stay 0.00s, move …", declined.replica, declined.reason, declined.costs, hot.addr)
+	}
+	// with a million waiting behind 5 running, the turn waits for
+	// 200,000 batches of the turns this replica answered (each well
+	// over a microsecond): it moves
+	hot.setLoad(0, 5, 1000000)
+	waitFor(t, "the hot replica's queue", func() bool { r := cardRow(getCard(t, "spill"), hot.addr).Waiting; return r != nil && *r == 1000000 })
 	second := sendTurn(t, "/v1/messages", chatTurn("s", 2, false), h)
-	if second.reason != "spilled" || second.replica != cold.addr {
-		t.Fatalf("over the threshold: %s; %s, want %s; spilled", second.replica, second.reason, cold.addr)
+	if second.reason != "spilled" || second.replica != cold.addr || !strings.HasPrefix(second.costs, "stay ") {
+		t.Fatalf("over the threshold with a queue: %s; %s; %s, want %s; spilled; stay …", second.replica, second.reason, second.costs, cold.addr)
+	}
+	card := getCard(t, "spill")
+	if r := cardRow(card, hot.addr); r.SpillDeclined != 1 {
+		t.Errorf("card: spill_declined %d, want 1", r.SpillDeclined)
+	}
+	if n := len(card.RecentSpills); n != 2 || card.RecentSpills[0].Moved || !card.RecentSpills[1].Moved ||
+		card.RecentSpills[1].From != hot.addr || card.RecentSpills[1].To != cold.addr || card.RecentSpills[1].StayS <= card.RecentSpills[1].MoveS {
+		t.Errorf("card: recent spills %+v", card.RecentSpills)
+	}
+	declinedSample := false
+	for _, m := range adminMetrics(t)["lm_warden_requests_total"].GetMetric() {
+		labels := map[string]string{}
+		for _, l := range m.GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		if labels["model"] == "spill" && labels["replica"] == hot.addr && labels["reason"] == "spill-declined" {
+			declinedSample = m.GetCounter().GetValue() == 1
+		}
+	}
+	if !declinedSample {
+		t.Error(`metrics: no lm_warden_requests_total{reason="spill-declined"} 1 for the hot replica`)
 	}
 	hot.setLoad(0, 0, 0)
 	waitFor(t, "the load to drop", func() bool { r := cardRow(getCard(t, "spill"), hot.addr).Running; return r != nil && *r == 0 })

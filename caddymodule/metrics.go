@@ -18,7 +18,7 @@ type collector struct{}
 
 var (
 	descRequests = prometheus.NewDesc("lm_warden_requests_total",
-		"Requests routed, by the replica chosen and the reason (sticky, stayed-overloaded, placed, spilled, client-pinned, re-placed, restarted, side, cold-replaced, affinity-off, no-key).",
+		"Requests routed, by the replica chosen and the reason (sticky, stayed-overloaded, spill-declined, placed, spilled, client-pinned, re-placed, restarted, side, cold-replaced, affinity-off, no-key).",
 		[]string{"model", "replica", "reason"}, nil)
 	descInFlight = prometheus.NewDesc("lm_warden_in_flight",
 		"Requests in flight through the router.",
@@ -147,8 +147,9 @@ func (collector) Collect(ch chan<- prometheus.Metric) {
 				reason string
 				n      uint64
 			}{
-				{"sticky", r.Sticky - min(r.Sticky, r.StayedOverloaded)},
+				{"sticky", r.Sticky - min(r.Sticky, r.StayedOverloaded+r.SpillDeclined)},
 				{"stayed-overloaded", r.StayedOverloaded},
+				{"spill-declined", r.SpillDeclined},
 				{"placed", r.Placed},
 				{"spilled", r.SpillAccepted},
 				{"client-pinned", r.ClientPinned},

@@ -29,7 +29,10 @@ func init() {
 const RankHeader = "X-Data-Parallel-Rank"
 
 // RouteHeader is the response header naming the replica that served and why:
-// "X-LM-Warden-Route: 10.0.0.5:8001; sticky".
+// "X-LM-Warden-Route: 10.0.0.5:8001; sticky". A turn whose replica was over
+// the spill threshold adds the estimates of its time to first token there
+// and on the replica it could move to: "10.0.0.5:8001; spill-declined;
+// stay 0.40s, move 6.20s".
 const RouteHeader = "X-LM-Warden-Route"
 
 // WaitHeader is the response header, sent with RouteHeader, of a request
@@ -609,7 +612,12 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 		reason = 0
 	}
 	if p.routeHeader && w != nil {
-		w.Header()[routeHeaderKey] = []string{at.routes[reason]}
+		route := at.routes[reason]
+		if dec.Stay != 0 || dec.Move != 0 {
+			// a turn over the threshold: the estimates that decided it
+			route += "; " + placement.SpillCost{Stay: dec.Stay, Move: dec.Move}.String()
+		}
+		w.Header()[routeHeaderKey] = []string{route}
 		if tk != nil {
 			w.Header().Set(WaitHeader, strconv.FormatFloat(waited.Seconds(), 'f', 3, 64))
 		}

@@ -26,6 +26,10 @@ type routeState struct {
 	ntried      int
 	tried       [4]string // replicas chosen for this request so far
 	extra       []string  // more of them, past len(tried)
+	// when this attempt was routed, and when its streamed answer's first
+	// bytes came (zero when not streamed): the replica's prefill rate and
+	// turn time are learned from them (placement.Turn)
+	routedAt, firstAt time.Time
 }
 
 func (st *routeState) addTried(id string) {
@@ -61,8 +65,18 @@ func (st *routeState) beginAttempt() {
 // routedTo records the policy's decision for this attempt. Without the
 // handler nobody watches the response end, so the slot is freed with the
 // request's context.
+// timing returns the attempt's time to first token (0 when its answer
+// was not streamed) and to its end at now, for placement.Turn.
+func (st *routeState) timing(now time.Time) (first, total time.Duration) {
+	if !st.firstAt.IsZero() {
+		first = st.firstAt.Sub(st.routedAt)
+	}
+	return first, now.Sub(st.routedAt)
+}
+
 func (st *routeState) routedTo(r *http.Request, dec placement.Decision, m *modelState) {
 	st.dec, st.routed, st.model = dec, true, m
+	st.routedAt, st.firstAt = time.Now(), time.Time{}
 	st.addTried(dec.Replica)
 	if st.detached {
 		context.AfterFunc(r.Context(), dec.Release)
@@ -80,7 +94,8 @@ func (st *routeState) finished(status int, u *vllmstats.Usage, now time.Time) {
 	if u != nil && st.model != nil && status >= 200 && status < 300 {
 		st.model.completeUsage(st.dec.Replica, u)
 		st.model.recordUsage(st.dec.Replica, *u, now)
-		st.model.feedback(st.key, st.dec, *u, now)
+		first, total := st.timing(now)
+		st.model.feedback(st.key, st.dec, *u, first, total, now)
 	}
 	if st.end && st.key != "" && st.model != nil && status < 500 {
 		// the session's last request is done: nothing will use its

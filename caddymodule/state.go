@@ -338,9 +338,11 @@ func (m *modelState) recordUsage(replica string, u vllmstats.Usage, now time.Tim
 // feedback reports a finished turn's delivered cached tokens to the router,
 // which checks them against its binding's prediction (placement.Feedback),
 // and records a checked turn's prediction and delivery (at most the
-// prediction) for the stats page's delivered share. Only a response that
-// carried both counts says anything.
-func (m *modelState) feedback(key string, dec placement.Decision, u vllmstats.Usage, now time.Time) {
+// prediction) for the stats page's delivered share; first and total (the
+// time to its first token, 0 when unknown, and to its end) teach the
+// replica's prefill rate and turn time. Only a response that carried both
+// counts says anything.
+func (m *modelState) feedback(key string, dec placement.Decision, u vllmstats.Usage, first, total time.Duration, now time.Time) {
 	if key == "" || !u.Measured || !u.CachedMeasured {
 		return
 	}
@@ -349,6 +351,7 @@ func (m *modelState) feedback(key string, dec placement.Decision, u vllmstats.Us
 		Key: key, Replica: dec.Replica, Reason: dec.Reason,
 		Prompt: int(min(u.PromptTokens, 1<<31-1)), Cached: cached,
 		Completion: int(min(max(u.CompletionTokens, 0), 1<<31-1)),
+		FirstToken: first, Duration: total,
 	})
 	if predicted > 0 {
 		m.acct.RecordDelivery(dec.Replica, predicted, min(cached, predicted), now)

@@ -72,6 +72,8 @@ var uiReplicaColumns = []uiColumn{
 		Title: "conversations bound to the replica (of those, with a turn within active_window)"},
 	{Key: "sticky", Label: "Sticky", Group: "Decisions", Title: "turns that stayed on their replica"},
 	{Key: "spill_accepted", Label: "Spill-accepted", Group: "Decisions", Title: "conversations moved here from a replica over the spill threshold"},
+	{Key: "spill_declined", Label: "Spill-declined", Group: "Decisions",
+		Title: "turns that stayed over the spill threshold: moving was not expected to bring their first token sooner"},
 	{Key: "client_pinned", Label: "Client-pinned", Group: "Decisions", Title: "requests a client pinned here"},
 	{Key: "restarted", Label: "Restarted", Group: "Decisions", Title: "conversations placed anew because their start changed (compacted, cleared)"},
 	{Key: "side", Label: "Side", Group: "Decisions", Title: "side requests: another start under a bound conversation's key (a session title, a summary, a probe), routed without moving the conversation"},
@@ -219,6 +221,7 @@ func buildCardView(doc Card, now time.Time) uiCardView {
 				"held":           uiCount(r.Held),
 				"sticky":         uiCount(r.Sticky),
 				"spill_accepted": uiCount(r.SpillAccepted),
+				"spill_declined": uiSpillDeclined(r.SpillDeclined, r.ID, doc.RecentSpills),
 				"client_pinned":  uiCount(r.ClientPinned),
 				"run_wait":       {V: []*int{r.Running, r.Waiting}, T: uiOptCount(r.Running) + " / " + uiOptCount(r.Waiting)},
 				"kv":             uiOptPct(r.KVUsage),
@@ -249,6 +252,25 @@ func uiReplicaState(r ReplicaRow, now time.Time) uiVal {
 	}
 	if r.MetricsUnread != "" {
 		v.T += " · figures unknown: " + r.MetricsUnread
+	}
+	return v
+}
+
+// uiSpillDeclined renders a replica's declined spills with, in the tooltip,
+// the estimates of the last spill decisions for turns from it: "moved to
+// r2: stay 9.1 s, move 3.0 s (12,000 tokens)".
+func uiSpillDeclined(n uint64, id string, recent []SpillRow) uiVal {
+	v := uiCount(n)
+	for _, c := range recent {
+		if c.From != id {
+			continue
+		}
+		verb := "stayed, not to "
+		if c.Moved {
+			verb = "moved to "
+		}
+		v.T += "\n" + verb + c.To + ": stay " + humanize.FtoaWithDigits(c.StayS, 1) + " s, move " +
+			humanize.FtoaWithDigits(c.MoveS, 1) + " s (" + humanize.Comma(int64(c.ContextTokens)) + " tokens)"
 	}
 	return v
 }

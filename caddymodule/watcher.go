@@ -28,6 +28,7 @@ type responseWatcher struct {
 	wroteHeader bool
 	status      int
 	encoded     bool // the response has a Content-Encoding: usage cannot be read
+	stream      bool // a measured event stream: its first write marks the first token
 }
 
 var watcherPool = sync.Pool{New: func() any { return new(responseWatcher) }}
@@ -65,6 +66,7 @@ func (rw *responseWatcher) WriteHeader(status int) {
 		if !rw.encoded {
 			stream := strings.HasPrefix(h.Get("Content-Type"), "text/event-stream")
 			rw.parser = getParser(rw.st.api, stream)
+			rw.stream = stream
 		} else {
 			// compressed: cannot read usage; the request still counts, unmeasured
 			rw.parser = getParser(vllmstats.APIOpenAI, false)
@@ -96,6 +98,10 @@ func (rw *responseWatcher) Write(b []byte) (int, error) {
 		rw.WriteHeader(http.StatusOK)
 	}
 	n, err := rw.ResponseWriterWrapper.Write(b)
+	if rw.stream && n > 0 && rw.st.firstAt.IsZero() {
+		// a stream's first bytes come with its first token
+		rw.st.firstAt = time.Now()
+	}
 	if rw.parser != nil && n > 0 && !rw.encoded {
 		_, _ = rw.parser.Write(b[:n])
 	}

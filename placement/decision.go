@@ -15,6 +15,12 @@ type Decision struct {
 	// decision moved it (spilled, re-placed, or pinned elsewhere); "" when
 	// it did not move.
 	Previous string
+	// Stay and Move are the spill cost model's estimates of the turn's
+	// time to first token on its replica and on the target, for a turn
+	// whose replica was over the threshold and that another could take
+	// (ReasonSpilled, ReasonSpillDeclined, ReasonStayedOverloaded); zero
+	// otherwise.
+	Stay, Move time.Duration
 
 	s   *slot
 	tok uint64

@@ -79,16 +79,20 @@
 //  3. Key bound to an available replica that is not over the threshold →
 //     ReasonSticky.
 //
-//  4. Key bound to a replica over the threshold → the best placement among the
-//     other replicas that are not over the threshold, the conversation is
-//     re-bound there, ReasonSpilled (counted as spill-accepted at the target).
-//     When no such replica exists, the turn stays: ReasonStayedOverloaded.
+//  4. Key bound to a replica over the threshold → the target is the best
+//     placement among the other replicas that are not over the threshold,
+//     or, when every other one is, the best of those. If moving pays (see
+//     "Spill cost"), the conversation is re-bound there, ReasonSpilled
+//     (counted as spill-accepted at the target). Otherwise, or with no
+//     target at all, the turn stays: ReasonSpillDeclined when the target
+//     was not over the threshold, else ReasonStayedOverloaded. Being over
+//     the threshold is necessary for a move, not sufficient.
 //
 //     With Config.SpillWaiting = k > 0, a replica whose polled waiting
 //     queue holds at least k requests also loses its conversations, but
 //     only to the best replica with an empty queue that is not over the
-//     threshold (ReasonSpilled); when there is none the turn is sticky.
-//     It is off by default; see "Overload" below.
+//     threshold, and only when moving pays (ReasonSpilled); otherwise the
+//     turn is sticky. It is off by default; see "Overload" below.
 //
 //  5. Key bound to a replica that was removed, is unavailable, out or
 //     excluded, or whose binding was marked when its replica went out →
@@ -127,6 +131,46 @@
 //     conversations nor qualifies it as a replica with an empty queue.
 //   - An unknown running count is left at 0 by the caller: running is then
 //     the router's own in-flight count, which it measures itself.
+//
+// # Spill cost
+//
+// A move costs the conversation its cache: the target recomputes its whole
+// history, and its next turn finds the cache only there. So a turn moves
+// only when it is expected to get its first token sooner on the target, in
+// seconds:
+//
+//	stay = wait(bound)
+//	move = wait(target) + recomputed / rate(target)
+//	move when stay > 1.5 × move + Config.SpillMargin (default 1 s)
+//	     and the target's free KV (1 − KV usage) × capacity ≥ recomputed
+//
+// wait(p) is the turn's wait for a place in p's batch, then for the long
+// prefills ahead of it: no place is waited for while p runs fewer than
+// MaxNumSeqs (with requests waiting in the engine, fewer than it runs now:
+// its KV allows no more); beyond that, one turn time per batch of turns
+// ahead ((load + 1 − batch) × turn time ÷ batch, load = max(in flight,
+// polled running + waiting)). The long prefills are the new conversations
+// and moved histories routed to p, drained at its rate since. recomputed is
+// the conversation's prompt as the engine counted it on its last turn
+// (Feedback; else Request.Tokens) less what a new conversation finds cached
+// on the target (the system prompt). A free KV share or capacity that is
+// unknown does not prevent the move.
+//
+// rate(p) is p's prefill rate, learned from finished turns (Turn.FirstToken:
+// computed tokens ÷ time to first token, for turns computing at least 512
+// tokens). A queue only makes a turn look slower, so a faster turn sets the
+// rate and a slower one pulls it 5 % of the way. Before any turn taught it,
+// DefaultPrefillRate (2,000 tokens/s) applies, which makes moves look
+// costlier, never cheaper. The turn time is the mean of Turn.Duration
+// (DefaultTurnTime, 10 s, before one finished). The factor 1.5 keeps noise
+// in the polled queues from moving conversations between replicas that
+// queue about as deep. The same estimate decides spills under admission
+// (where the target must also fit the conversation) and with SpillWaiting.
+//
+// Decision.Stay and Decision.Move carry the two estimates for every turn
+// over the threshold that had a target; Snapshot.RecentSpills keeps the last
+// eight such decisions and ReplicaSnapshot.SpillDeclined counts those that
+// stayed.
 //
 // # Overload
 //
@@ -206,9 +250,11 @@
 // stayed over the threshold), StayedOverloaded (the subset that stayed only
 // because every other replica was over the threshold too), Placed (new
 // conversations), SpillAccepted (conversations moved here from a replica over
-// the threshold), ClientPinned, Replaced (conversations moved here because
-// their replica went away), Restarted and ColdReplaced (conversations placed
-// here by those rules), Side (side requests routed here), ColdMarked (bindings here found cold), Ended
+// the threshold), SpillDeclined (turns that stayed over the threshold
+// because moving did not pay; counted in Sticky too), ClientPinned,
+// Replaced (conversations moved here because their replica went away),
+// Restarted and ColdReplaced (conversations placed here by those rules),
+// Side (side requests routed here), ColdMarked (bindings here found cold), Ended
 // (bindings dropped by End), MeasuredTurns, PredictedTokens and
 // DeliveredTokens (the sticky turns Feedback checked: cached tokens
 // predicted, and delivered capped at the prediction), AffinityOff and NoKey (per-request picks),

@@ -23,10 +23,19 @@ func Example() {
 	fmt.Println(d.Replica, d.Reason)
 	d.Release()
 
-	// Over the threshold, the turn spills and the conversation moves.
+	// Over the threshold with nothing queued, a turn of 6,000 tokens
+	// stays: recomputing them on gpu0 would cost 3 s at the default
+	// prefill rate, and it waits for nothing on gpu1.
 	r.UpdateLoad("gpu1", placement.Load{Running: 9, Reachable: true})
-	d, _ = r.Route(placement.Request{Key: "session-a", Now: now.Add(2 * time.Second)})
-	fmt.Println(d.Replica, d.Reason)
+	d, _ = r.Route(placement.Request{Key: "session-a", Tokens: 6000, Now: now.Add(2 * time.Second)})
+	fmt.Println(d.Replica, d.Reason, d.Stay, d.Move)
+	d.Release()
+
+	// With a queue as long as the batch, the turn would wait about a turn
+	// time (10 s by default) on gpu1: it spills and the conversation moves.
+	r.UpdateLoad("gpu1", placement.Load{Running: 9, Waiting: 9, Reachable: true})
+	d, _ = r.Route(placement.Request{Key: "session-a", Tokens: 6000, Now: now.Add(3 * time.Second)})
+	fmt.Println(d.Replica, d.Reason, d.Stay, d.Move)
 	d.Release()
 
 	s := r.Snapshot()
@@ -34,6 +43,7 @@ func Example() {
 	// Output:
 	// gpu1 placed
 	// gpu1 sticky
-	// gpu0 spilled
-	// sticky share 0.50, in flight 0
+	// gpu1 spill-declined 0s 3s
+	// gpu0 spilled 11.111111111s 3s
+	// sticky share 0.67, in flight 0
 }

@@ -20,11 +20,15 @@ type Turn struct {
 	// Completion is the tokens the engine generated for the turn; with
 	// Prompt it is the conversation's context, which admission counts.
 	Completion int
+	// FirstToken is the time from routing to the answer's first token and
+	// Duration to its end, as the proxy saw them; 0 = unknown. They teach
+	// the replica's prefill rate and turn time (the spill cost model).
+	FirstToken, Duration time.Duration
 }
 
 // Feedback records what the engine delivered for a finished turn and checks
 // it against the binding's prediction. A turn that stayed on its replica
-// (ReasonSticky, ReasonStayedOverloaded) is predicted to find the previous
+// (ReasonSticky, ReasonStayedOverloaded, ReasonSpillDeclined) is predicted to find the previous
 // turn's prompt cached, minus one block (vLLM caches full blocks and always
 // computes the last prompt token); never more than its own prompt minus a
 // block, since a client may send a shorter history than before. The
@@ -56,7 +60,8 @@ func (r *Router) Feedback(t Turn) (predicted int, cold bool) {
 	if p.id != t.Replica {
 		return 0, false
 	}
-	if base := min(int(en.prompt), t.Prompt); (t.Reason == ReasonSticky || t.Reason == ReasonStayedOverloaded) && base > DefaultBlockTokens {
+	p.learn(t)
+	if base := min(int(en.prompt), t.Prompt); (t.Reason == ReasonSticky || t.Reason == ReasonStayedOverloaded || t.Reason == ReasonSpillDeclined) && base > DefaultBlockTokens {
 		predicted = base - DefaultBlockTokens
 		got := min(t.Cached, predicted)
 		p.measured++
@@ -73,7 +78,7 @@ func (r *Router) Feedback(t Turn) (predicted int, cold bool) {
 	}
 	en.flags &^= flagEstimated
 	en.ctx = uint32(min(t.Prompt+max(t.Completion, 0), 1<<32-1))
-	if t.Reason != ReasonSticky && t.Reason != ReasonStayedOverloaded {
+	if t.Reason != ReasonSticky && t.Reason != ReasonStayedOverloaded && t.Reason != ReasonSpillDeclined {
 		en.shared = uint32(min(t.Cached, t.Prompt))
 		if t.Reason == ReasonPlaced && en.shared > 0 {
 			p.base = en.shared // what a new conversation shares here

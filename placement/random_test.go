@@ -3,6 +3,7 @@ package placement
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -124,9 +125,23 @@ func randomRun(t *testing.T, seed uint64, steps int) {
 				run = target.Load.Running
 			}
 			switch d.Reason {
-			case ReasonSpilled, ReasonSticky:
+			case ReasonSticky:
 				if run > threshold {
 					t.Fatalf("step %d: %s to %s with running %d over threshold %d", step, d.Reason, d.Replica, run, threshold)
+				}
+			case ReasonSpilled:
+				// onto a replica over the threshold only when every
+				// other one that could take it was over it too
+				if run <= threshold {
+					break
+				}
+				for _, rs := range before.Replicas {
+					if rs.ID == d.Replica || rs.ID == d.Previous || !rs.Available || slices.Contains(req.Exclude, rs.ID) {
+						continue
+					}
+					if q := max(rs.InFlight, rs.Load.Running); q <= threshold {
+						t.Fatalf("step %d: spilled to %s with running %d over threshold %d while %s ran %d", step, d.Replica, run, threshold, rs.ID, q)
+					}
 				}
 			}
 			for _, x := range req.Exclude {

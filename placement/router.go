@@ -49,6 +49,11 @@ type Config struct {
 	// replica's running count stays far below the threshold while its
 	// queue grows; this catches that case. Zero (the default) turns it off.
 	SpillWaiting int
+	// SpillMargin is how much sooner a turn over the threshold must be
+	// expected to get its first token on another replica, its history
+	// recomputed there, than on its own for it to move (see the package
+	// doc, "Spill cost"; default DefaultSpillMargin).
+	SpillMargin time.Duration
 	// FailCooldown is how long a replica stays out after a request to it
 	// failed (Decision.Failed); it doubles with every further failure
 	// without a success in between, up to MaxFailCooldown. Defaults 5s and
@@ -81,6 +86,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.SpillThreshold < 0 {
 		c.SpillThreshold = 0
+	}
+	if c.SpillMargin <= 0 {
+		c.SpillMargin = DefaultSpillMargin
 	}
 	if c.IdleTTL <= 0 {
 		c.IdleTTL = DefaultIdleTTL
@@ -193,10 +201,15 @@ const (
 	ReasonRestarted
 	ReasonColdReplaced
 	ReasonSide
+	// ReasonSpillDeclined: the replica is over the threshold and another
+	// could take the turn, but moving it was not expected to bring its
+	// first token sooner by SpillMargin (see the package doc, "Spill
+	// cost").
+	ReasonSpillDeclined
 )
 
 // NumReasons bounds the Reason values: every Reason is below it.
-const NumReasons = int(ReasonSide) + 1
+const NumReasons = int(ReasonSpillDeclined) + 1
 
 var reasonNames = [...]string{
 	ReasonAffinityOff:      "affinity-off",
@@ -210,6 +223,7 @@ var reasonNames = [...]string{
 	ReasonRestarted:        "restarted",
 	ReasonColdReplaced:     "cold-replaced",
 	ReasonSide:             "side",
+	ReasonSpillDeclined:    "spill-declined",
 }
 
 // String returns the reason's short name, e.g. "sticky".
@@ -247,6 +261,8 @@ type replica struct {
 	bindings, active       int
 
 	sticky, stayed, placed, spill, pinned, replaced, affOff, noKey uint64
+	declined                                                       uint64 // turns that stayed over the threshold: moving did not pay
+	cost                                                           cost   // the spill cost model's figures (spill.go)
 
 	restarted, coldReplaced, ended, coldMarked uint64
 	side                                       uint64 // side requests routed here (side.go)
@@ -329,6 +345,10 @@ type Router struct {
 	waitedNanos                                                    uint64
 	turnFP                                                         recent // footprints of recent turns (peak)
 	gaps                                                           recent // recent pauses between turns, in milliseconds
+
+	// the last spill decisions (spill.go), a ring
+	spillLog [recentSpills]SpillCost
+	spillN   uint64
 }
 
 // NewRouter returns a Router with cfg (defaults filled) and no replicas.
@@ -670,20 +690,49 @@ func (r *Router) route(req Request, queue bool) (Decision, *Ticket, error) {
 	}
 	r.keyed++
 	if bound.running() > r.threshold {
-		if p := r.spillTarget(e, bound, now, func(q *replica) bool { return q.running() <= r.threshold }); p != nil {
-			return r.spill(e, bound, p, now), nil, nil
-		}
-		bound.stayed++
-		return r.stay(e, bound, now, ReasonStayedOverloaded), nil, nil
+		return r.overThreshold(e, bound, req.Tokens, now), nil, nil
 	}
 	if k := r.cfg.SpillWaiting; k > 0 && bound.waitingKnown() && bound.waiting() >= k {
 		if p := r.spillTarget(e, bound, now, func(q *replica) bool {
 			return q.waitingKnown() && q.waiting() == 0 && q.running() <= r.threshold
 		}); p != nil {
-			return r.spill(e, bound, p, now), nil, nil
+			if c, ok := r.pays(e, bound, p, req.Tokens, now); ok {
+				return r.spill(e, bound, p, c, now), nil, nil
+			}
 		}
 	}
 	return r.stay(e, bound, now, ReasonSticky), nil, nil
+}
+
+// overThreshold routes a turn whose replica is over the threshold (rule
+// 4): to the best other replica not over it, or, when every other one is,
+// the best of those, if moving pays (see "Spill cost" in the package
+// doc); otherwise it stays. r.mu held.
+func (r *Router) overThreshold(e int32, bound *replica, tokens int, now int64) Decision {
+	under := true
+	p := r.spillTarget(e, bound, now, func(q *replica) bool { return q.running() <= r.threshold })
+	if p == nil {
+		under = false
+		p = r.spillTarget(e, bound, now, func(*replica) bool { return true })
+	}
+	if p == nil {
+		bound.stayed++
+		return r.stay(e, bound, now, ReasonStayedOverloaded)
+	}
+	c, ok := r.pays(e, bound, p, tokens, now)
+	if ok {
+		return r.spill(e, bound, p, c, now)
+	}
+	var d Decision
+	if under {
+		bound.declined++
+		d = r.stay(e, bound, now, ReasonSpillDeclined)
+	} else {
+		bound.stayed++
+		d = r.stay(e, bound, now, ReasonStayedOverloaded)
+	}
+	d.Stay, d.Move = c.Stay, c.Move
+	return d
 }
 
 // placeNew places a new conversation (rule 6): its parent's replica when
@@ -727,6 +776,7 @@ func (r *Router) placeNew(req Request, h, parent uint64, now int64, queue bool) 
 	if r.admit {
 		r.estimated(e, est)
 	}
+	p.addBacklog(int64(req.Tokens)-int64(p.base), now)
 	p.placed++
 	return r.take(p, ReasonPlaced, e), nil, nil
 }
@@ -756,12 +806,14 @@ func (r *Router) spillTarget(e int32, from *replica, now int64, ok func(*replica
 	return r.bestWith(now, func(q *replica) bool { return q != from && ok(q) && (!r.admit || r.fits(q, fp, now)) })
 }
 
-// spill moves the conversation of entry e from its replica to p.
-func (r *Router) spill(e int32, from, p *replica, now int64) Decision {
+// spill moves the conversation of entry e from its replica to p, where it
+// recomputes c.Context tokens.
+func (r *Router) spill(e int32, from, p *replica, c SpillCost, now int64) Decision {
 	r.rebind(e, p, now)
 	p.spill++
+	p.addBacklog(int64(c.Context), now)
 	d := r.take(p, ReasonSpilled, e)
-	d.Previous = from.id
+	d.Previous, d.Stay, d.Move = from.id, c.Stay, c.Move
 	return d
 }
 
@@ -782,6 +834,9 @@ func (r *Router) replace(e int32, from *replica, now int64, reason Reason) (Deci
 		return Decision{}, ErrNoReplica
 	}
 	r.b.ents[e].flags &^= flagReplace | flagCold
+	if p != from || reason != ReasonReplaced {
+		p.addBacklog(r.recompute(e, p, 0), now)
+	}
 	r.rebind(e, p, now)
 	switch reason {
 	case ReasonRestarted:
@@ -989,6 +1044,10 @@ type Snapshot struct {
 	Since          time.Time         // when the counters started
 	Replicas       []ReplicaSnapshot // present replicas, sorted by ID
 	Admission      AdmissionSnapshot
+	// RecentSpills are the last spill decisions (turns over the threshold
+	// that another replica could take), oldest first, with the estimates
+	// that decided them.
+	RecentSpills []SpillCost
 }
 
 // ReplicaSnapshot is one replica's row of the routing card.
@@ -1005,6 +1064,7 @@ type ReplicaSnapshot struct {
 	StayedOverloaded uint64 // stayed because every other replica was over the threshold too
 	Placed           uint64 // new conversations placed here
 	SpillAccepted    uint64 // conversations moved here from a replica over the threshold
+	SpillDeclined    uint64 // turns that stayed here over the threshold: moving did not pay (ReasonSpillDeclined)
 	ClientPinned     uint64 // requests the client pinned here
 	Replaced         uint64 // conversations moved here because their replica went away
 	AffinityOff      uint64 // per-request picks with affinity off
@@ -1030,6 +1090,13 @@ type ReplicaSnapshot struct {
 	// mark and takes no new conversation until below the low-water mark.
 	WorkingSet, Capacity int64
 	Full                 bool
+
+	// The spill cost model's figures: the prefill rate learned from the
+	// turns here, in tokens per second, and the mean time from routing to
+	// a turn's end (0 when none was learned yet: DefaultPrefillRate and
+	// DefaultTurnTime apply).
+	PrefillRate float64
+	TurnTime    time.Duration
 }
 
 // DeliveredShare is DeliveredTokens / PredictedTokens; 0 when nothing was
@@ -1061,6 +1128,7 @@ func (r *Router) Snapshot() Snapshot {
 		Since:          r.since,
 		Replicas:       make([]ReplicaSnapshot, 0, len(r.order)),
 		Admission:      r.admissionSnapshot(),
+		RecentSpills:   r.recentSpillCosts(),
 	}
 	if r.keyed > 0 {
 		s.StickyShare = float64(r.sticky) / float64(r.keyed)
@@ -1083,12 +1151,13 @@ func (r *Router) Snapshot() Snapshot {
 		s.Replicas = append(s.Replicas, ReplicaSnapshot{
 			ID: p.id, Available: out == 0, Out: out, CooldownUntil: until, ProxyFailures: p.proxyFails,
 			InFlight: int(p.inflight.Load()),
-			Sticky:   p.sticky, StayedOverloaded: p.stayed, Placed: p.placed, SpillAccepted: p.spill,
+			Sticky:   p.sticky, StayedOverloaded: p.stayed, Placed: p.placed, SpillAccepted: p.spill, SpillDeclined: p.declined,
 			ClientPinned: p.pinned, Replaced: p.replaced, AffinityOff: p.affOff, NoKey: p.noKey,
 			Restarted: p.restarted, Side: p.side, ColdReplaced: p.coldReplaced, ColdMarked: p.coldMarked, Ended: p.ended,
 			MeasuredTurns: p.measured, PredictedTokens: p.predicted, DeliveredTokens: p.delivered,
 			Bindings: p.bindings, Active: p.active, Load: p.load,
 			WorkingSet: ws, Capacity: c, Full: p.full,
+			PrefillRate: p.cost.rate, TurnTime: time.Duration(p.cost.turn * 1e9),
 		})
 		row := &s.Replicas[len(s.Replicas)-1]
 		s.Admission.WorkingSetTokens += row.WorkingSet

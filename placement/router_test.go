@@ -35,6 +35,10 @@ func bindTo(t *testing.T, r *Router, key, id string, now time.Time) {
 
 func running(n int) Load { return Load{Running: n, Reachable: true} }
 
+// queued is a polled load of n running and w waiting: the engine runs
+// what its KV allows, so a turn sent there waits for a place in its batch.
+func queued(n, w int) Load { return Load{Running: n, Waiting: w, Reachable: true} }
+
 // hold routes n pinned, key-less requests to id and keeps them in flight.
 func hold(t *testing.T, r *Router, id string, n int) {
 	t.Helper()
@@ -111,7 +115,7 @@ func TestRouteRules(t *testing.T) {
 			n:    3, cfg: Config{SpillThreshold: 2},
 			setup: func(t *testing.T, r *Router) {
 				bindTo(t, r, "k", "r1", t0)
-				r.UpdateLoad("r1", running(3))
+				r.UpdateLoad("r1", queued(3, 6))
 				r.UpdateLoad("r0", running(2))
 				r.UpdateLoad("r2", running(1))
 			},
@@ -122,7 +126,7 @@ func TestRouteRules(t *testing.T) {
 			n:    2, cfg: Config{MaxNumSeqs: 8}, // auto threshold 2
 			setup: func(t *testing.T, r *Router) {
 				bindTo(t, r, "k", "r0", t0)
-				hold(t, r, "r0", 3)
+				hold(t, r, "r0", 8) // a full batch: the turn waits for a place
 			},
 			req: Request{Key: "k"}, want: "r1", reason: ReasonSpilled, wantBound: "r1", previous: "r0",
 		},
@@ -131,7 +135,7 @@ func TestRouteRules(t *testing.T) {
 			n:    4, cfg: Config{SpillThreshold: 2},
 			setup: func(t *testing.T, r *Router) {
 				bindTo(t, r, "k", "r0", t0)
-				r.UpdateLoad("r0", running(9))
+				r.UpdateLoad("r0", queued(9, 9))
 				r.UpdateLoad("r1", running(3))
 				r.UpdateLoad("r2", running(5))
 				r.UpdateLoad("r3", running(2))
@@ -547,7 +551,7 @@ func TestCountersAndSnapshot(t *testing.T) {
 	route(Request{Key: "k"}).Release()           // sticky on a
 	route(Request{Key: "k"}).Release()           // sticky on a
 	route(Request{}).Release()                   // no key
-	r.UpdateLoad("a", running(2))                // a over threshold
+	r.UpdateLoad("a", queued(2, 4))              // a over threshold, with a queue
 	if d := route(Request{Key: "k"}); d.Reason != ReasonSpilled || d.Previous != "a" {
 		t.Fatalf("spill: %+v", d)
 	} else {
@@ -642,7 +646,7 @@ func TestTiesRoundRobin(t *testing.T) {
 }
 
 func TestReasonString(t *testing.T) {
-	want := []string{"unknown", "affinity-off", "no-key", "sticky", "placed", "spilled", "stayed-overloaded", "re-placed", "client-pinned", "restarted", "cold-replaced", "side", "unknown"}
+	want := []string{"unknown", "affinity-off", "no-key", "sticky", "placed", "spilled", "stayed-overloaded", "re-placed", "client-pinned", "restarted", "cold-replaced", "side", "spill-declined", "unknown"}
 	for i, w := range want {
 		if got := Reason(i).String(); got != w {
 			t.Errorf("Reason(%d) = %q, want %q", i, got, w)

@@ -108,7 +108,10 @@ func addCommon(fs *flag.FlagSet, c *common, w bench.Workload, stageLength, warmu
 	fs.IntVar(&c.w.CompactAfter, "compact-after", 3, "compacting sessions compact after this many turns")
 	fs.IntVar(&c.w.CompactTokens, "compact-tokens", 800, "tokens of the summary that replaces a compacted history")
 	fs.StringVar(&c.out, "out", "warden-bench-out", "directory for report.json, table.md and the PNG charts")
+	fs.DurationVar(&c.w.Waves, "waves", w.Waves, "start sessions in waves this far apart, engine time: all at their first turn when a stage begins, each next one at the next wave (0: staggered, back to back)")
 }
+
+const presetHelp = "4gpu (4 × A4000, Qwen3-4B, 14k-token sessions), 7gpu (7 × RTX 5090, 27B, 58k-token sessions, 16 vs 26 sessions), seqs8 (4gpu with max_num_seqs 8) or waves (4gpu with sessions starting in waves a minute apart)"
 
 // httpModes checks the modes of a run over HTTP: the lifecycle mode needs
 // Caddy configurations the demo writes (restart detection off for on,
@@ -171,8 +174,18 @@ func finish(rep *bench.Report, out string) error {
 func runDemo(ctx context.Context, args []string) error {
 	d := demo.DefaultConfig()
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+	// a preset's replicas, engine and workload; its stage lengths stay
+	// the demo's (wall time)
+	preset := presetArg(args)
+	sc, err := bench.SimPreset(preset)
+	if err != nil {
+		return err
+	}
+	d.Replicas, d.Engine, d.Workload = sc.Replicas, sc.Engine, sc.Workload
+	fs.String("preset", preset, presetHelp)
 	var c common
 	addCommon(fs, &c, d.Workload, d.StageLength, d.Warmup, strings.Join(d.Modes, ","))
+	fs.IntVar(&d.Engine.MaxNumSeqs, "max-num-seqs", d.Engine.MaxNumSeqs, "max_num_seqs per replica")
 	full := fs.Bool("full", false, "3-minute stages after a 1-minute warm-up (about 6 minutes at 10x for the three default modes)")
 	fs.Float64Var(&d.Speed, "speed", d.Speed, "emulator speed: engine seconds per wall second")
 	fs.IntVar(&d.Replicas, "replicas", d.Replicas, "emulated replicas")
@@ -240,26 +253,28 @@ func runDemo(ctx context.Context, args []string) error {
 	return err
 }
 
-func runSim(args []string) error {
-	fs := flag.NewFlagSet("sim", flag.ContinueOnError)
+// presetArg returns the --preset argument, 4gpu when none: the preset
+// decides the other flags' defaults, so it is read before them.
+func presetArg(args []string) string {
 	preset := "4gpu"
-	for i, a := range args { // the preset decides the other flags' defaults
+	for i, a := range args {
 		if v, ok := strings.CutPrefix(a, "--preset="); ok {
 			preset = v
 		} else if (a == "--preset" || a == "-preset") && i+1 < len(args) {
 			preset = args[i+1]
 		}
 	}
-	var cfg bench.SimConfig
-	switch preset {
-	case "4gpu":
-		cfg = bench.DefaultSimConfig()
-	case "7gpu":
-		cfg = bench.SevenGPUSimConfig()
-	default:
-		return fmt.Errorf("unknown preset %q (4gpu or 7gpu)", preset)
+	return preset
+}
+
+func runSim(args []string) error {
+	fs := flag.NewFlagSet("sim", flag.ContinueOnError)
+	preset := presetArg(args)
+	cfg, err := bench.SimPreset(preset)
+	if err != nil {
+		return err
 	}
-	fs.String("preset", preset, "4gpu (4 × A4000, Qwen3-4B, 14k-token sessions) or 7gpu (7 × RTX 5090, 27B, 58k-token sessions, 16 vs 26 sessions)")
+	fs.String("preset", preset, presetHelp)
 	var c common
 	addCommon(fs, &c, cfg.Workload, cfg.StageLength, cfg.Warmup, strings.Join(cfg.Modes, ","))
 	fs.IntVar(&cfg.Replicas, "replicas", cfg.Replicas, "replicas")

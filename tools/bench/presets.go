@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/lmwarden/caddy-lmwarden/emulator"
@@ -68,4 +69,57 @@ func SevenGPUSimConfig() SimConfig {
 		PollInterval: time.Second,
 		Placement:    placement.Config{MaxNumSeqs: 32},
 	}
+}
+
+// Presets where the spill rule decides (docs/overload.md, "When a spill
+// pays"): the reference preset with replicas that run few sequences, and
+// with sessions that start in waves.
+const (
+	// SmallSeqsMaxNumSeqs is the max_num_seqs of SmallSeqsSimConfig: the
+	// auto spill threshold is then 2 running requests per replica.
+	SmallSeqsMaxNumSeqs = 8
+	// WavesPeriod is how often a wave of sessions starts in
+	// WavesSimConfig.
+	WavesPeriod = time.Minute
+)
+
+// SmallSeqsSimConfig is the reference preset (DefaultSimConfig) with
+// max_num_seqs 8 per replica (engine and router): the auto threshold is 2,
+// so replicas cross it as soon as a few sessions are in flight and the
+// spill rule decides nearly every turn.
+func SmallSeqsSimConfig() SimConfig {
+	c := DefaultSimConfig()
+	c.Engine.MaxNumSeqs = SmallSeqsMaxNumSeqs
+	c.Placement.MaxNumSeqs = SmallSeqsMaxNumSeqs
+	c.Stages = []int{4, 8, 16, 24}
+	return c
+}
+
+// WavesSimConfig is the reference preset (DefaultSimConfig) with sessions
+// starting in waves (Workload.Waves = WavesPeriod): every stage begins with
+// all sessions at their first turn, and a session that ended waits for the
+// next wave. Many new conversations arrive at once and the replicas'
+// loads swing, so turns of running conversations meet replicas over the
+// threshold.
+func WavesSimConfig() SimConfig {
+	c := DefaultSimConfig()
+	c.Workload.Waves = WavesPeriod
+	return c
+}
+
+// SimPreset returns the simulation preset of that name: 4gpu (the
+// reference measurement), 7gpu, seqs8 (SmallSeqsSimConfig) or waves
+// (WavesSimConfig).
+func SimPreset(name string) (SimConfig, error) {
+	switch name {
+	case "4gpu":
+		return DefaultSimConfig(), nil
+	case "7gpu":
+		return SevenGPUSimConfig(), nil
+	case "seqs8":
+		return SmallSeqsSimConfig(), nil
+	case "waves":
+		return WavesSimConfig(), nil
+	}
+	return SimConfig{}, fmt.Errorf("unknown preset %q (4gpu, 7gpu, seqs8 or waves)", name)
 }

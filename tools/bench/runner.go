@@ -165,7 +165,7 @@ func (r *httpRun) stage(ctx context.Context, mode string, n int) Stage {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			last[i] = r.client(sctx, StartTurn(i, n, r.cfg.Workload.Turns))
+			last[i] = r.client(sctx, start, r.cfg.Workload.FirstTurn(i, n))
 		}()
 	}
 	done := make(chan struct{})
@@ -219,11 +219,20 @@ func (r *httpRun) stage(ctx context.Context, mode string, n int) Stage {
 }
 
 // client is one closed-loop session slot: it runs sessions back to back
+// (or each at the next wave, Workload.Waves, counted from stageStart)
 // until ctx ends, the first one from turn start, and returns the ID of the
 // session it was running then, "" when none of that session's requests was
 // answered (it was never bound).
-func (r *httpRun) client(ctx context.Context, start int) (last string) {
-	for ctx.Err() == nil {
+func (r *httpRun) client(ctx context.Context, stageStart time.Duration, start int) (last string) {
+	for first := true; ctx.Err() == nil; first = false {
+		if at := stageStart + r.cfg.Workload.NextStart(r.engineNow()-stageStart); !first && at > r.engineNow() {
+			// sessions start in waves: wait for the next one
+			select {
+			case <-ctx.Done():
+				return last
+			case <-time.After(r.wall(at - r.engineNow())):
+			}
+		}
 		r.genMu.Lock()
 		sess := r.gen.NextAt(start)
 		r.genMu.Unlock()

@@ -97,6 +97,8 @@ type simSlot struct {
 	start   uint64 // fingerprint of the conversation's current start
 	// compacted: the session already replaced its history by a summary
 	compacted bool
+	// renew: its session ended; at sendAt the next one starts (waves)
+	renew bool
 }
 
 // simWait is a turn held at the router for admission.
@@ -129,12 +131,14 @@ type simulator struct {
 	robin   uint32
 	dp      *emulator.DPBalancer
 	now     time.Duration
-	polls   []Poll
-	turns   []TurnRecord
-	mode    string
-	stopped bool
-	win     Window
-	detail  *simDetailAcc
+	// stageStart is when the running stage began (waves count from it)
+	stageStart time.Duration
+	polls      []Poll
+	turns      []TurnRecord
+	mode       string
+	stopped    bool
+	win        Window
+	detail     *simDetailAcc
 }
 
 // Sim runs the configured sweep and returns its report. The same
@@ -235,6 +239,7 @@ func (s *simulator) stage(mode string, n int) (Stage, error) {
 	}
 	first := len(s.turns)
 	start := s.now
+	s.stageStart = start
 	w := Window{From: start + s.cfg.Warmup, To: start + s.cfg.Warmup + s.cfg.StageLength}
 	s.win = w
 	s.detailStart(mode, n)
@@ -242,7 +247,7 @@ func (s *simulator) stage(mode string, n int) (Stage, error) {
 	s.stopped = false
 	for i := range slots {
 		slots[i] = &simSlot{sendAt: -1}
-		s.newSession(slots[i], StartTurn(i, n, s.cfg.Workload.Turns))
+		s.newSession(slots[i], s.cfg.Workload.FirstTurn(i, n))
 	}
 	nextPoll := s.lastPoll() + s.cfg.PollInterval
 	// vLLM's coordinator publishes the engines' counts on its own period;
@@ -283,7 +288,12 @@ func (s *simulator) stage(mode string, n int) (Stage, error) {
 		if due >= 0 && (which < 0 || slots[due].sendAt < next) {
 			s.now = slots[due].sendAt
 			slots[due].sendAt = -1
-			s.send(slots[due])
+			if sl := slots[due]; sl.renew {
+				sl.renew = false
+				s.newSession(sl, 0)
+			} else {
+				s.send(sl)
+			}
 			s.admitted(slots)
 			continue
 		}
@@ -390,11 +400,17 @@ func (s *simulator) finishStep(i int) {
 			t.rec.End = s.now
 			t.rec.Output = len(t.req.Output)
 			s.done(t)
-			if ChecksLifecycle(s.mode) || Admits(s.mode) {
-				// What the Caddy module does with the usage of every
-				// finished turn, after it released the turn's slot.
+			if PolicyOf(s.mode) == "lm_warden" {
+				// What the Caddy module does with the usage and timing
+				// of every finished turn, after it released the turn's
+				// slot.
+				routed := t.rec.Start
+				if t.rec.Routed > 0 {
+					routed = t.rec.Routed
+				}
 				s.router.Feedback(placement.Turn{Key: t.slot.sess.ID, Replica: e.id, Reason: t.reason,
-					Prompt: len(t.req.Prompt), Cached: t.req.CachedTokens, Completion: len(t.req.Output)})
+					Prompt: len(t.req.Prompt), Cached: t.req.CachedTokens, Completion: len(t.req.Output),
+					FirstToken: t.rec.FirstToken - routed, Duration: s.now - routed})
 			}
 			sl := t.slot
 			sl.cur = nil
@@ -404,7 +420,11 @@ func (s *simulator) finishStep(i int) {
 				continue
 			}
 			if sl.sess.Done() {
-				s.newSession(sl, 0)
+				if at := s.stageStart + s.cfg.Workload.NextStart(s.now-s.stageStart); at > s.now {
+					sl.sendAt, sl.renew = at, true
+				} else {
+					s.newSession(sl, 0)
+				}
 			} else if think := sl.sess.Think[sl.sess.Turn()]; think > 0 {
 				sl.sendAt = s.now + think
 			} else {

@@ -436,3 +436,57 @@ func simLogged(t *testing.T, cfg SimConfig) *Report {
 	t.Logf("\n%s", b.String())
 	return rep
 }
+
+// TestSimSmallSeqsSpillPays runs the seqs8 preset at 8 sessions, where the
+// auto threshold (2) is crossed on most turns while every engine still has
+// places in its batch: a move would only recompute a history, so the turns
+// stay and affinity keeps at least the hits of per-request picks.
+func TestSimSmallSeqsSpillPays(t *testing.T) {
+	cfg := SmallSeqsSimConfig()
+	cfg.Stages = []int{8}
+	cfg.Modes = []string{ModeOff, ModeOn}
+	rep := simLogged(t, cfg)
+	off, _ := rep.Find(ModeOff, 8)
+	on, _ := rep.Find(ModeOn, 8)
+	if on.StayedPct != 100 {
+		t.Errorf("stayed %.1f%% with free places in every batch, want 100", on.StayedPct)
+	}
+	if on.PrefixHitPct < off.PrefixHitPct {
+		t.Errorf("prefix hits on %.1f%% < off %.1f%%", on.PrefixHitPct, off.PrefixHitPct)
+	}
+}
+
+func TestWorkloadWaves(t *testing.T) {
+	w := DefaultWorkload()
+	if got := w.FirstTurn(3, 4); got != StartTurn(3, 4, w.Turns) {
+		t.Fatalf("without waves slot 3 of 4 starts at turn %d, want %d", got, StartTurn(3, 4, w.Turns))
+	}
+	if got := w.NextStart(42 * time.Second); got != 42*time.Second {
+		t.Fatalf("without waves the next session starts at %v, want at once", got)
+	}
+	w.Waves = time.Minute
+	if got := w.FirstTurn(3, 4); got != 0 {
+		t.Fatalf("in waves slot 3 starts at turn %d, want 0", got)
+	}
+	for since, want := range map[time.Duration]time.Duration{0: time.Minute, 59 * time.Second: time.Minute, time.Minute: 2 * time.Minute, 61 * time.Second: 2 * time.Minute} {
+		if got := w.NextStart(since); got != want {
+			t.Errorf("a session ending at %v: next at %v, want %v", since, got, want)
+		}
+	}
+	w.Waves = -time.Second
+	if w.Validate() == nil {
+		t.Error("a negative wave period passed validation")
+	}
+
+	// In the sim, sessions that end wait for the next wave: over 110 s
+	// with waves a minute apart, each of 4 slots starts at most two.
+	cfg := WavesSimConfig()
+	cfg.Stages = []int{4}
+	cfg.Modes = []string{ModeOn}
+	cfg.StageLength, cfg.Warmup = 90*time.Second, 20*time.Second
+	rep := simLogged(t, cfg)
+	st, _ := rep.Find(ModeOn, 4)
+	if st.Requests == 0 || st.CompletedCounts > 8 {
+		t.Errorf("waves: %d requests, %d sessions completed (at most 8 can start)", st.Requests, st.CompletedCounts)
+	}
+}

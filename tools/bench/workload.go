@@ -43,6 +43,32 @@ type Workload struct {
 	CompactShare  float64 `json:"compact_share,omitempty"`
 	CompactAfter  int     `json:"compact_after,omitempty"`
 	CompactTokens int     `json:"compact_tokens,omitempty"`
+	// Waves, when positive, makes sessions start in waves: every stage
+	// begins with all its sessions at their first turn, and a slot whose
+	// session ended starts its next one at the next multiple of Waves
+	// since the stage began. Bursts of new conversations (a team starting
+	// work, a batch of agents launched together) exercise the spill rule.
+	// Zero starts the slots' sessions staggered (StartTurn) and back to
+	// back.
+	Waves time.Duration `json:"waves_ns,omitempty"`
+}
+
+// FirstTurn is the turn slot i of n starts its first session at: staggered
+// (StartTurn) unless sessions start in waves, then the first.
+func (w Workload) FirstTurn(i, n int) int {
+	if w.Waves > 0 {
+		return 0
+	}
+	return StartTurn(i, n, w.Turns)
+}
+
+// NextStart is when, since the stage began, a slot whose session ended at
+// since starts its next session: at once, or at the next wave.
+func (w Workload) NextStart(since time.Duration) time.Duration {
+	if w.Waves <= 0 {
+		return since
+	}
+	return (since/w.Waves + 1) * w.Waves
 }
 
 // DefaultWorkload is the reference measurement (4 × RTX A4000): a 3.5k system prompt,
@@ -94,6 +120,8 @@ func (w Workload) Validate() error {
 		return fmt.Errorf("workload: output tokens must be at least 1, got %d", w.OutputTokens)
 	case w.Think < 0:
 		return fmt.Errorf("workload: think time must not be negative, got %v", w.Think)
+	case w.Waves < 0:
+		return fmt.Errorf("workload: the wave period must not be negative, got %v", w.Waves)
 	case w.CompactShare < 0 || w.CompactShare > 1:
 		return fmt.Errorf("workload: compact share must be in [0, 1], got %g", w.CompactShare)
 	case w.CompactShare > 0 && (w.CompactAfter < 1 || w.CompactTokens < 1):

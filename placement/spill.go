@@ -1,0 +1,221 @@
+package placement
+
+import (
+	"strconv"
+	"time"
+)
+
+// Defaults of the spill cost model (see the package doc, "Spill cost").
+const (
+	// DefaultPrefillRate is the prefill rate, in tokens per second, a
+	// replica is assumed to compute at before one of its turns taught its
+	// own: about what one GPU prefills for a 27–32B model. A faster
+	// replica learns its rate from its first long turns; until then
+	// spills from it look costlier than they are, never cheaper.
+	DefaultPrefillRate = 2000
+	// DefaultTurnTime is how long a turn is assumed to hold its place in
+	// the engine's batch before one of the replica's turns finished.
+	DefaultTurnTime = 10 * time.Second
+	// DefaultSpillMargin is Config.SpillMargin's default: how much sooner a
+	// moved turn must be expected to get its first token than a staying
+	// one. It pays for what the estimate leaves out: the conversation's
+	// cache left behind on its replica, and the next turn's risk.
+	DefaultSpillMargin = time.Second
+	// spillFactor is how many times its expected wait on the target a
+	// turn must expect to wait on its replica, besides the margin: where
+	// both replicas queue, a difference of a request or two in their
+	// polled queues is noise, and a move on it only moves the queue and
+	// evicts caches (SGLang's gateway moves only past 1.5× the least load).
+	spillFactor = 1.5
+	// minRateTokens is the fewest computed tokens a turn needs to teach
+	// its replica's prefill rate: below it the time to first token is
+	// mostly the engine's step overhead.
+	minRateTokens = 512
+	// rateDecay is how far a slower turn pulls the learned rate toward its
+	// own (a faster one sets it).
+	rateDecay = 0.05
+	// turnDecay is the weight of a finished turn in the mean turn time.
+	turnDecay = 0.1
+	// recentSpills is how many spill decisions Snapshot reports.
+	recentSpills = 8
+)
+
+// cost is a replica's state for the spill cost model. r.mu held for all of
+// it.
+type cost struct {
+	rate    float64 // learned prefill rate, tokens/s; 0 = none yet
+	turn    float64 // mean seconds from routing to a turn's end; 0 = none yet
+	backlog float64 // tokens of long prefills sent here not yet computed (estimate)
+	at      int64   // Router.clock of backlog
+}
+
+// SpillCost is one spill decision with its estimates: the conversation's
+// expected time to its first token on its replica (Stay) and on the
+// target (Move, its history recomputed there), from Context tokens.
+type SpillCost struct {
+	At         time.Time
+	From, To   string
+	Stay, Move time.Duration
+	Context    int  // tokens the target would recompute
+	Moved      bool // the turn spilled; false: it stayed (declined)
+}
+
+// String renders the estimate as the route header gives it, e.g.
+// "stay 4.10s, move 2.05s".
+func (c SpillCost) String() string {
+	b := make([]byte, 0, 32)
+	b = append(b, "stay "...)
+	b = strconv.AppendFloat(b, c.Stay.Seconds(), 'f', 2, 64)
+	b = append(b, "s, move "...)
+	b = strconv.AppendFloat(b, c.Move.Seconds(), 'f', 2, 64)
+	return string(append(b, 's'))
+}
+
+// prefillRate returns p's prefill rate in tokens per second.
+func (p *replica) prefillRate() float64 {
+	if p.cost.rate > 0 {
+		return p.cost.rate
+	}
+	return DefaultPrefillRate
+}
+
+// backlog returns the tokens of long prefills still ahead on p at now: what
+// was sent there, drained at its prefill rate since.
+func (p *replica) backlog(now int64) float64 {
+	c := &p.cost
+	if c.backlog <= 0 {
+		return 0
+	}
+	if now > c.at {
+		c.backlog -= float64(now-c.at) / 1e9 * p.prefillRate()
+		c.at = now
+		if c.backlog < 0 {
+			c.backlog = 0
+		}
+	}
+	return c.backlog
+}
+
+// addBacklog counts tokens of prefill sent to p at now.
+func (p *replica) addBacklog(tokens int64, now int64) {
+	if tokens <= 0 {
+		return
+	}
+	p.cost.backlog = p.backlog(now) + float64(tokens)
+	p.cost.at = now
+}
+
+// slotWait estimates how long one more turn waits on p for a place in the
+// engine's batch: none while the engine runs fewer than it can; beyond
+// that, one turn time per batch of turns ahead of it. An engine with
+// requests waiting runs what its KV cache allows, which may be fewer than
+// max_num_seqs: what it runs then is its batch.
+func (r *Router) slotWait(p *replica) float64 {
+	seqs := r.cfg.MaxNumSeqs
+	load := int(p.inflight.Load())
+	if p.load.Reachable {
+		polled := p.load.Running
+		if p.waitingKnown() {
+			polled += p.load.Waiting
+			if p.load.Waiting > 0 && p.load.Running > 0 {
+				seqs = min(seqs, p.load.Running)
+			}
+		}
+		load = max(load, polled)
+	}
+	ahead := load - seqs + 1
+	if ahead <= 0 {
+		return 0
+	}
+	turn := p.cost.turn
+	if turn <= 0 {
+		turn = DefaultTurnTime.Seconds()
+	}
+	return float64(ahead) * turn / float64(seqs)
+}
+
+// wait estimates, in seconds, how long a turn routed to p at now waits
+// before its own prefill starts: its place in the batch, then the long
+// prefills ahead of it.
+func (r *Router) wait(p *replica, now int64) float64 {
+	return r.slotWait(p) + p.backlog(now)/p.prefillRate()
+}
+
+// recompute returns the tokens the conversation of entry e would compute
+// on q that its replica holds: its context as the engine last counted it
+// (else the request's estimate), less what q shares with every
+// conversation (the system prompt).
+func (r *Router) recompute(e int32, q *replica, tokens int) int64 {
+	en := &r.b.ents[e]
+	ctx := int64(en.prompt)
+	if ctx == 0 {
+		ctx = int64(tokens)
+	}
+	return max(0, ctx-int64(q.base))
+}
+
+// pays decides whether the turn of entry e on from, over the threshold,
+// moves to q: its expected wait on from must exceed spillFactor times its
+// expected wait on q, recomputing its history there, by SpillMargin, and
+// q's KV cache must have room for that history. It records the decision
+// for Snapshot and returns the estimate.
+func (r *Router) pays(e int32, from, q *replica, tokens int, now int64) (SpillCost, bool) {
+	ctx := r.recompute(e, q, tokens)
+	stay := r.wait(from, now)
+	move := r.wait(q, now) + float64(ctx)/q.prefillRate()
+	c := SpillCost{
+		At: time.Unix(0, now), From: from.id, To: q.id, Context: int(ctx),
+		Stay: time.Duration(stay * 1e9), Move: time.Duration(move * 1e9),
+	}
+	c.Moved = stay > move*spillFactor+r.cfg.SpillMargin.Seconds() && r.room(q, ctx)
+	r.spillLog[r.spillN%recentSpills] = c
+	r.spillN++
+	return c, c.Moved
+}
+
+// room reports whether q's KV cache, by its engine's gauge, has room for
+// tokens more: a history moved onto a replica without it evicts the caches
+// of the conversations there and waits for blocks anyway, so it does not
+// move. An unknown gauge or capacity is no information: room is assumed.
+func (r *Router) room(q *replica, tokens int64) bool {
+	capacity := r.capacity(q)
+	if capacity <= 0 || !q.kvKnown() {
+		return true
+	}
+	return float64(tokens) <= (1-q.kv())*float64(capacity)
+}
+
+// learn updates p's prefill rate and turn time from a finished turn
+// routed there: computed tokens over its time to first token, and its
+// time from routing to its end. A turn's rate can only understate the
+// replica's (a queue ahead of it adds to its time), so a faster turn sets
+// the rate and a slower one pulls it rateDecay of the way. r.mu held.
+func (p *replica) learn(t Turn) {
+	c := &p.cost
+	if computed := t.Prompt - min(t.Cached, t.Prompt); computed >= minRateTokens && t.FirstToken > 0 {
+		rate := float64(computed) / t.FirstToken.Seconds()
+		if rate > c.rate {
+			c.rate = rate
+		} else {
+			c.rate += (rate - c.rate) * rateDecay
+		}
+	}
+	if t.Duration > 0 {
+		if c.turn <= 0 {
+			c.turn = t.Duration.Seconds()
+		} else {
+			c.turn += (t.Duration.Seconds() - c.turn) * turnDecay
+		}
+	}
+}
+
+// recentSpillCosts returns the last spill decisions, oldest first. r.mu
+// held.
+func (r *Router) recentSpillCosts() []SpillCost {
+	n := min(r.spillN, recentSpills)
+	out := make([]SpillCost, 0, n)
+	for i := r.spillN - n; i < r.spillN; i++ {
+		out = append(out, r.spillLog[i%recentSpills])
+	}
+	return out
+}

@@ -1,0 +1,227 @@
+package placement
+
+import (
+	"testing"
+	"time"
+)
+
+// teach feeds a finished turn of key, bound to id, that computed prompt
+// tokens in first before its first token and ended after total.
+func teach(t *testing.T, r *Router, key, id string, prompt int, first, total time.Duration) {
+	t.Helper()
+	bindTo(t, r, key, id, t0)
+	r.Feedback(Turn{Key: key, Replica: id, Reason: ReasonClientPinned, Prompt: prompt, FirstToken: first, Duration: total})
+}
+
+func TestSpillCost(t *testing.T) {
+	tests := []struct {
+		name   string
+		n      int
+		cfg    Config
+		setup  func(t *testing.T, r *Router)
+		req    Request
+		want   string
+		reason Reason
+		// estimates the decision carries, when checked (> 0)
+		stay, move time.Duration
+	}{
+		{
+			// 3 running, 6 waiting: 7 turns of 10 s ahead in batches
+			// of 3, 23.3 s; 60,000 tokens at 2,000 tok/s cost 30 s
+			name: "a long history stays: recomputing it costs more than the queue",
+			n:    2, cfg: Config{SpillThreshold: 2},
+			setup: func(t *testing.T, r *Router) {
+				bindTo(t, r, "k", "r0", t0)
+				r.UpdateLoad("r0", queued(3, 6))
+			},
+			req:  Request{Key: "k", Tokens: 60000},
+			want: "r0", reason: ReasonSpillDeclined,
+			stay: 23333333333, move: 30 * time.Second,
+		},
+		{
+			name: "the same history moves to a replica that prefills fast",
+			n:    2, cfg: Config{SpillThreshold: 2},
+			setup: func(t *testing.T, r *Router) {
+				bindTo(t, r, "k", "r0", t0)
+				teach(t, r, "other", "r1", 20000, time.Second, 5*time.Second)
+				r.UpdateLoad("r0", queued(3, 6))
+			},
+			req:  Request{Key: "k", Tokens: 60000},
+			want: "r1", reason: ReasonSpilled,
+			move: 3 * time.Second,
+		},
+		{
+			name: "the engine's count of the context wins over the request's estimate",
+			n:    2, cfg: Config{SpillThreshold: 2},
+			setup: func(t *testing.T, r *Router) {
+				bindTo(t, r, "k", "r0", t0)
+				r.Feedback(Turn{Key: "k", Replica: "r0", Reason: ReasonClientPinned, Prompt: 4000})
+				r.UpdateLoad("r0", queued(3, 6))
+			},
+			req:  Request{Key: "k", Tokens: 60000},
+			want: "r1", reason: ReasonSpilled,
+			move: 2 * time.Second,
+		},
+		{
+			name: "over the threshold without a queue: nothing to gain",
+			n:    2, cfg: Config{SpillThreshold: 2},
+			setup: func(t *testing.T, r *Router) {
+				bindTo(t, r, "k", "r0", t0)
+				r.UpdateLoad("r0", running(5))
+			},
+			req:  Request{Key: "k"},
+			want: "r0", reason: ReasonSpillDeclined,
+		},
+		{
+			name: "short turns free places sooner: the queue is cheaper than the move",
+			n:    2, cfg: Config{SpillThreshold: 2},
+			setup: func(t *testing.T, r *Router) {
+				bindTo(t, r, "k", "r0", t0)
+				teach(t, r, "other", "r0", 100, 0, time.Second)
+				r.UpdateLoad("r0", queued(3, 6))
+			},
+			req:  Request{Key: "k", Tokens: 6000},
+			want: "r0", reason: ReasonSpillDeclined,
+			stay: 2333333333, move: 3 * time.Second,
+		},
+		{
+			name: "every other replica over the threshold: moves where no queue is",
+			n:    2, cfg: Config{SpillThreshold: 2},
+			setup: func(t *testing.T, r *Router) {
+				bindTo(t, r, "k", "r0", t0)
+				r.UpdateLoad("r0", queued(3, 6))
+				r.UpdateLoad("r1", running(4))
+			},
+			req:  Request{Key: "k", Tokens: 2000},
+			want: "r1", reason: ReasonSpilled,
+		},
+		{
+			name: "every other replica over the threshold and queueing as deep: stays",
+			n:    2, cfg: Config{SpillThreshold: 2},
+			setup: func(t *testing.T, r *Router) {
+				bindTo(t, r, "k", "r0", t0)
+				r.UpdateLoad("r0", queued(3, 6))
+				r.UpdateLoad("r1", queued(3, 5))
+			},
+			req:  Request{Key: "k", Tokens: 2000},
+			want: "r0", reason: ReasonStayedOverloaded,
+		},
+		{
+			name: "no room in the target's KV cache for the history: stays",
+			n:    2, cfg: Config{SpillThreshold: 2, KVTokens: 40000, AdmissionOff: true},
+			setup: func(t *testing.T, r *Router) {
+				bindTo(t, r, "k", "r0", t0)
+				r.UpdateLoad("r0", queued(3, 6))
+				r.UpdateLoad("r1", Load{Running: 1, KVUsage: 0.9, Reachable: true})
+			},
+			req:  Request{Key: "k", Tokens: 8000},
+			want: "r0", reason: ReasonSpillDeclined,
+		},
+		{
+			name: "a wider margin keeps the turn",
+			n:    2, cfg: Config{SpillThreshold: 2, SpillMargin: time.Minute},
+			setup: func(t *testing.T, r *Router) {
+				bindTo(t, r, "k", "r0", t0)
+				r.UpdateLoad("r0", queued(3, 6))
+			},
+			req:  Request{Key: "k", Tokens: 2000},
+			want: "r0", reason: ReasonSpillDeclined,
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newTestRouter(tc.n, tc.cfg)
+			tc.setup(t, r)
+			req := tc.req
+			req.Now = t0
+			d, err := r.Route(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer d.Release()
+			if d.Replica != tc.want || d.Reason != tc.reason {
+				t.Fatalf("got %s (%s; stay %v, move %v), want %s (%s)", d.Replica, d.Reason, d.Stay, d.Move, tc.want, tc.reason)
+			}
+			if tc.stay > 0 && d.Stay != tc.stay {
+				t.Errorf("stay %v, want %v", d.Stay, tc.stay)
+			}
+			if tc.move > 0 && d.Move != tc.move {
+				t.Errorf("move %v, want %v", d.Move, tc.move)
+			}
+			s := r.Snapshot()
+			if len(s.RecentSpills) != 1 {
+				t.Fatalf("recent spills %+v, want one", s.RecentSpills)
+			}
+			c := s.RecentSpills[0]
+			if c.Moved != (tc.reason == ReasonSpilled) || c.From != "r0" || c.Stay != d.Stay || c.Move != d.Move {
+				t.Errorf("recorded %+v for %+v", c, d)
+			}
+			var declined uint64
+			for _, rs := range s.Replicas {
+				declined += rs.SpillDeclined
+			}
+			if want := map[bool]uint64{true: 1}[tc.reason == ReasonSpillDeclined]; declined != want {
+				t.Errorf("declined %d, want %d", declined, want)
+			}
+		})
+	}
+}
+
+// A spill leaves its recompute ahead on the target: the next conversation
+// that would move there expects to wait for it and stays.
+func TestSpillBacklog(t *testing.T) {
+	r := newTestRouter(2, Config{SpillThreshold: 2})
+	bindTo(t, r, "a", "r0", t0)
+	bindTo(t, r, "b", "r0", t0)
+	r.UpdateLoad("r0", queued(3, 6)) // 23.3 s ahead
+	d, _ := r.Route(Request{Key: "a", Tokens: 20000, Now: t0})
+	if d.Reason != ReasonSpilled || d.Move != 10*time.Second {
+		t.Fatalf("first: %s, move %v", d.Reason, d.Move)
+	}
+	d.Release()
+	// b: 10 s of a's prefill ahead, then its own 10 s
+	d, _ = r.Route(Request{Key: "b", Tokens: 20000, Now: t0})
+	if d.Reason != ReasonSpillDeclined || d.Move != 20*time.Second {
+		t.Fatalf("second: %s, move %v", d.Reason, d.Move)
+	}
+	d.Release()
+	// ten seconds later the backlog has drained
+	d, _ = r.Route(Request{Key: "b", Tokens: 20000, Now: t0.Add(10 * time.Second)})
+	if d.Reason != ReasonSpilled || d.Move != 10*time.Second {
+		t.Fatalf("later: %s, move %v", d.Reason, d.Move)
+	}
+	d.Release()
+}
+
+func TestLearnPrefillRate(t *testing.T) {
+	r := newTestRouter(1, Config{})
+	rate := func() float64 { return r.Snapshot().Replicas[0].PrefillRate }
+	teach(t, r, "a", "r0", 100, 10*time.Millisecond, time.Second) // too short to teach
+	if got := rate(); got != 0 {
+		t.Fatalf("rate %g after a short turn", got)
+	}
+	teach(t, r, "b", "r0", 10000, time.Second, 2*time.Second)
+	if got := rate(); got != 10000 {
+		t.Fatalf("rate %g, want 10000", got)
+	}
+	// a queued turn looks slower: it pulls the rate a little
+	teach(t, r, "c", "r0", 10000, 10*time.Second, 12*time.Second)
+	if got := rate(); got != 10000-9000*rateDecay {
+		t.Fatalf("rate %g after a slow turn", got)
+	}
+	// a faster one sets it
+	teach(t, r, "d", "r0", 30000, time.Second, 2*time.Second)
+	if got := rate(); got != 30000 {
+		t.Fatalf("rate %g after a fast turn", got)
+	}
+	// cached tokens are not computed
+	r2 := newTestRouter(1, Config{})
+	bindTo(t, r2, "e", "r0", t0)
+	r2.Feedback(Turn{Key: "e", Replica: "r0", Reason: ReasonClientPinned, Prompt: 10000, Cached: 9000, FirstToken: time.Second})
+	if got := r2.Snapshot().Replicas[0].PrefillRate; got != 1000 {
+		t.Fatalf("rate %g, want 1000 (computed tokens only)", got)
+	}
+	if tt := r.Snapshot().Replicas[0].TurnTime; tt <= time.Second || tt > 12*time.Second {
+		t.Fatalf("turn time %v", tt)
+	}
+}

@@ -61,10 +61,11 @@ func (m *modelState) await(ctx context.Context, tk *placement.Ticket) (placement
 }
 
 // maxRetryAfter is the longest Retry-After a refused request gets, in
-// seconds: the longest clients wait and retry. Claude Code retries a 429
-// after 60 s and gives up at once on 90 s; the Anthropic Python SDK
-// honours at most 60 s (longer: its own backoff of at most 8 s), the
-// OpenAI Node SDK at most 60 s, the OpenAI Python SDK 120 s.
+// seconds: the longest clients wait and retry. Claude Code 2.1.332
+// retries a 429 or 529 after 60 s and gives up at once on 61 s; the
+// Anthropic Python SDK honours at most 60 s (longer: its own backoff of at
+// most 8 s), the OpenAI Node SDK at most 60 s, the OpenAI Python SDK 120 s
+// (longer: no retry).
 const maxRetryAfter = 60
 
 // retryAfter is the Retry-After of a refused request: the mean wait of the

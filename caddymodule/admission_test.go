@@ -374,7 +374,7 @@ func TestAdmissionTexts(t *testing.T) {
 		// the estimate alone, with the engines keeping the caches and nothing waiting
 		{"no warning the engines do not confirm", overcommitMessage(placement.AdmissionSnapshot{WorkingSetTokens: 741000, CapacityTokens: 262000}), ""},
 		{"retry after: mean wait", fmt.Sprint(retryAfter(placement.AdmissionSnapshot{Wait: 5 * time.Minute, AdmittedAfterWait: 4, WaitedTotal: 42 * time.Second})), "11"},
-		// longer than clients wait: Claude Code gives up at once on 90 s
+		// longer than clients wait: Claude Code gives up at once on 61 s
 		{"retry after: nothing admitted yet, capped", fmt.Sprint(retryAfter(placement.AdmissionSnapshot{Wait: 5 * time.Minute})), "60"},
 		{"retry after: mean wait, capped", fmt.Sprint(retryAfter(placement.AdmissionSnapshot{Wait: 5 * time.Minute, AdmittedAfterWait: 2, WaitedTotal: 4 * time.Minute})), "60"},
 		{"retry after: admit_wait below the cap", fmt.Sprint(retryAfter(placement.AdmissionSnapshot{Wait: 20 * time.Second})), "20"},

@@ -112,6 +112,7 @@ var outCauses = [...]struct {
 	{placement.CauseProxy, "proxy"},
 	{placement.CauseHealth, "health"},
 	{placement.CauseAdmin, "admin"},
+	{placement.CauseAbandoned, "abandoned"},
 }
 
 // Describe implements prometheus.Collector.

@@ -78,10 +78,13 @@ func TestHeldClientsThatLeaveLeaveTheQueue(t *testing.T) {
 	loadSite(t, admissionConfig(dials[0], mdl, "", ""))
 	waitFor(t, "admission in force", func() bool { return getCard(t, mdl).Admission.Active })
 	emuURL := "http://" + dials[0]
-	_ = emu
 	if r := sendTurn(t, "/v1/messages", bigTurn("A"), session("A")); r.status != 200 {
 		t.Fatalf("A: %d %s", r.status, r.body)
 	}
+	// an idle replica takes newcomers at once: keep it busy
+	before := engineRequests(t, emuURL)
+	done := occupy(t, emu, mdl, "A")
+	waitFor(t, "A's long turn at the engine", func() bool { return engineRequests(t, emuURL) > before })
 	reached := engineRequests(t, emuURL)
 
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1000}}
@@ -153,6 +156,7 @@ func TestHeldClientsThatLeaveLeaveTheQueue(t *testing.T) {
 		return after <= baseline+10
 	})
 	t.Logf("queued %d, cancelled %d; goroutines %d → %d", a.Queued, a.Cancelled, baseline, after)
+	done()
 }
 
 // stalledBody opens a connection to the site and sends a new

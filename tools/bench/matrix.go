@@ -11,15 +11,16 @@ import (
 // with its workload's pauses, run for every mode of MatrixModes.
 type Regime struct {
 	Name string
-	// Hold says whether the shipped default (ModeAdmit) is expected to be
+	// Hold says whether the shipped default (ModeDefault) is expected to be
 	// no worse than the best baseline here (MatrixRow.Holds).
 	Hold   bool
 	Config SimConfig
 }
 
 // MatrixModes are the modes the matrix compares: vLLM's own balancer,
-// affinity alone, and the shipped default (affinity with admission, last).
-var MatrixModes = []string{ModeVLLMDP, ModeOn, ModeAdmit}
+// affinity alone, and the shipped default (affinity with admission and the
+// lifecycle checks, last).
+var MatrixModes = []string{ModeVLLMDP, ModeOn, ModeDefault}
 
 // MatrixRegimes returns every traffic shape the bench knows, with the
 // stages where they differ: the reference preset's closed loop, its agents
@@ -120,7 +121,7 @@ func Matrix(regimes []Regime, stageLength, warmup time.Duration) ([]MatrixRow, e
 			return nil, fmt.Errorf("%s: %w", rg.Name, err)
 		}
 		for _, n := range cfg.Stages {
-			def, ok := rep.Find(ModeAdmit, n)
+			def, ok := rep.Find(ModeDefault, n)
 			if !ok {
 				continue
 			}
@@ -154,7 +155,7 @@ func minPositive(a, b float64) float64 {
 // WriteScorecard prints the matrix as one Markdown table.
 func WriteScorecard(w io.Writer, rows []MatrixRow) error {
 	var b strings.Builder
-	b.WriteString("| Regime | Sessions | Prefix hits admit (best other) % | Output admit / best | Completion p50 admit / best | First-turn TTFB p95 admit / best | Holds |\n")
+	b.WriteString("| Regime | Sessions | Prefix hits default (best other) % | Output default / best | Completion p50 default / best | First-turn TTFB p95 default / best | Holds |\n")
 	b.WriteString("|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
 		holds := "yes"

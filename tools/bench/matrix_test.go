@@ -7,7 +7,7 @@ import (
 )
 
 // TestMatrixDefaultHolds runs the regime matrix on short stages and fails
-// where the shipped default (admit) is worse than the best of vLLM's
+// where the shipped default (ModeDefault) is worse than the best of vLLM's
 // balancer and affinity alone beyond noise (MatrixRow.Holds) in a regime
 // where it is expected to hold.
 func TestMatrixDefaultHolds(t *testing.T) {
@@ -27,7 +27,7 @@ func TestMatrixDefaultHolds(t *testing.T) {
 	for _, r := range rows {
 		regimes[r.Regime] = true
 		if r.Hold && !r.Holds() {
-			t.Errorf("%s, %d sessions: admit's output %.0f tok/min and hits %.1f %% against the best other's %.0f and %.1f %%",
+			t.Errorf("%s, %d sessions: the default's output %.0f tok/min and hits %.1f %% against the best other's %.0f and %.1f %%",
 				r.Regime, r.Sessions, r.Default.OutputTokensPerMin, r.Default.PrefixHitPct, r.BestOutput, r.BestHitPct)
 		}
 	}

@@ -92,7 +92,7 @@ func TestClaudeCodeInteractiveStarts(t *testing.T) {
 		}
 		segOf[fp] = seg
 	}
-	for _, seg := range []string{"s4/A", "s4/M", "s4/S"} {
+	for _, seg := range []string{"s4/A", "s4/M", "s4/S", "s5/C", "s5/M", "s5/S"} {
 		if _, ok := main[seg]; !ok {
 			t.Errorf("no turns of %s: fixtures incomplete", seg)
 		}
@@ -104,11 +104,12 @@ func TestClaudeCodeInteractiveStarts(t *testing.T) {
 
 var interactiveRuns int
 
-// TestClaudeCodeInteractiveReplayThroughCaddy sends what four
+// TestClaudeCodeInteractiveReplayThroughCaddy sends what five
 // interactive Claude Code sessions sent (one with its title requests, one
 // with CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1, one whose Agent call
-// auto mode's classifier checked, retrying its calls, one with a sub-agent
-// and a /model switch to another served model name) through Caddy with
+// auto mode's classifier checked, retrying its calls, two with a sub-agent
+// and a /model switch to another served model name, the second also with
+// a /compact before the switch) through Caddy with
 // four replicas, in order: every turn of a conversation lands on one
 // replica, a /compact and a /model switch each cost exactly one restart and
 // no move, a sub-agent (its own key: session and X-Claude-Code-Agent-Id) is
@@ -221,7 +222,7 @@ func TestClaudeCodeInteractiveReplayThroughCaddy(t *testing.T) {
 			t.Errorf("%s: restarted %d, want %d", seg, n, w)
 		}
 	}
-	if reasons["restarted"] != want || want != 3 || len(agents) != 1 {
+	if reasons["restarted"] != want || want != 5 || len(agents) != 2 {
 		t.Errorf("restarted %d, want %d: one per /compact and /model switch; %d sub-agents (reasons %v)", reasons["restarted"], want, len(agents), reasons)
 	}
 	var side, restarted, fails uint64

@@ -202,8 +202,12 @@ func (a adminAPI) handleModel(w http.ResponseWriter, r *http.Request) error {
 		if err := noAdminBody(r); err != nil {
 			return err
 		}
-		if !m.unbind(key) {
-			return apiErr(http.StatusNotFound, "session %q is not bound", key)
+		// a key over maxKeyLen is bound by its compact form (start ~
+		// digest); given in full or in that form, it unpins the same
+		// conversation. The 404 does not repeat the key (it may be long,
+		// or a secret).
+		if !m.unbind(key) && (len(key) <= maxKeyLen || !m.unbind(compactKey(key))) {
+			return apiErr(http.StatusNotFound, "no conversation is bound to that session key (%d bytes)", len(key))
 		}
 		return writeJSON(w, map[string]bool{"unbound": true})
 	}
@@ -216,14 +220,16 @@ const maxAdminBody = 1 << 20
 
 // decodeAdminBody decodes the request's body, one JSON value and nothing
 // after it but white space, into v. A body that is not exactly that gets
-// 400, one over maxAdminBody 413; v's fields not in the body keep their
-// values.
+// 400 (so does a field v does not have), one over maxAdminBody 413; v's
+// fields not in the body keep their values.
 func decodeAdminBody(r *http.Request, v any) error {
 	body, err := readAdminBody(r)
 	if err != nil {
 		return err
 	}
 	dec := json.NewDecoder(strings.NewReader(body))
+	// a misspelt field is an error, not a write that changes nothing
+	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		return apiErr(http.StatusBadRequest, "decoding body: %v", err)
 	}

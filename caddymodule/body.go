@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"bytes"
 	"io"
+	"math/bits"
 	"mime"
 	"net/http"
 	"strings"
@@ -45,36 +46,45 @@ const jsonType = "application/json"
 // proxy (and its retries) send it unchanged. tooBig reports a body over the
 // limit; the body is then not restored, since the request is refused.
 func (h *Handler) readBody(r *http.Request, rb *replayBody) (body []byte, tooBig bool, err error) {
-	if r.ContentLength > h.MaxBody {
+	return readWhole(r, h.MaxBody, rb)
+}
+
+// readWhole is readBody with the limit given.
+func readWhole(r *http.Request, maxBody int64, rb *replayBody) (body []byte, tooBig bool, err error) {
+	if r.ContentLength > maxBody {
 		return nil, true, nil
 	}
 	if r.ContentLength > 0 {
-		// known length: one exact allocation
-		body = make([]byte, r.ContentLength)
+		// known length: one exact buffer, from the pool when the body is
+		// large (it goes back when the request ends: rb.release)
+		body = rb.alloc(int(r.ContentLength))
 		if _, err := io.ReadFull(r.Body, body); err != nil {
+			rb.pool = 0 // not in use: the garbage collector takes it
 			return nil, false, err
 		}
 	} else {
 		b := bytes.NewBuffer(make([]byte, 0, 16<<10))
-		n, err := b.ReadFrom(io.LimitReader(r.Body, h.MaxBody+1))
+		n, err := b.ReadFrom(io.LimitReader(r.Body, maxBody+1))
 		if err != nil {
 			return nil, false, err
 		}
-		if n > h.MaxBody {
+		if n > maxBody {
 			return nil, true, nil
 		}
 		body = b.Bytes()
 	}
-	h.replay(r, body, rb)
+	replay(r, body, rb)
 	return body, false, nil
 }
 
 // replay puts body, read in full, back as the request's body.
-func (h *Handler) replay(r *http.Request, body []byte, rb *replayBody) {
+func replay(r *http.Request, body []byte, rb *replayBody) {
 	_ = r.Body.Close()
+	rb.mu.Lock()
 	rb.b, rb.off = body, 0
+	rb.mu.Unlock()
 	r.Body = rb
-	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	r.GetBody = rb.getBody
 	r.ContentLength = int64(len(body))
 	r.TransferEncoding = nil
 	r.Header.Del("Transfer-Encoding")
@@ -85,10 +95,20 @@ func (h *Handler) replay(r *http.Request, body []byte, rb *replayBody) {
 // read the body and its answer is retried (lb_retry_match on a response),
 // the next attempt would send nothing; the policy rewinds it before every
 // retry.
+//
+// A large body read with a known length lives in a pooled buffer (alloc),
+// given back when the request ends (release): a 256 KB conversation then
+// costs no allocation and no clearing per request. Every read of the
+// buffer happens under mu, and a write in progress (WriteTo) keeps the
+// buffer out of the pool, so a transport still sending the body after the
+// handler returned never sees another request's bytes: it reads EOF.
 type replayBody struct {
-	mu  sync.Mutex
-	b   []byte
-	off int
+	mu       sync.Mutex
+	b        []byte
+	off      int
+	pool     int  // 1 + the pool class b came from; 0 none
+	writing  int  // WriteTo calls in progress
+	released bool // release ran: b is gone
 }
 
 func (rb *replayBody) Read(p []byte) (int, error) {
@@ -107,9 +127,83 @@ func (rb *replayBody) WriteTo(w io.Writer) (int64, error) {
 	rb.mu.Lock()
 	rest := rb.b[rb.off:]
 	rb.off = len(rb.b)
+	rb.writing++
 	rb.mu.Unlock()
 	n, err := w.Write(rest)
+	rb.mu.Lock()
+	rb.writing--
+	rb.mu.Unlock()
 	return int64(n), err
+}
+
+// getBody is the request's GetBody: the transport's own retries of a
+// request read the body from its start again.
+func (rb *replayBody) getBody() (io.ReadCloser, error) {
+	return &replayCopy{rb: rb}, nil
+}
+
+// replayCopy is a reader of a replayBody's bytes with its own offset.
+type replayCopy struct {
+	rb  *replayBody
+	off int
+}
+
+func (rc *replayCopy) Read(p []byte) (int, error) {
+	rb := rc.rb
+	rb.mu.Lock()
+	defer rb.mu.Unlock()
+	if rb.released {
+		return 0, io.ErrUnexpectedEOF
+	}
+	if rc.off >= len(rb.b) {
+		return 0, io.EOF
+	}
+	n := copy(p, rb.b[rc.off:])
+	rc.off += n
+	return n, nil
+}
+
+func (rc *replayCopy) Close() error { return nil }
+
+// Pooled body buffers: classes of powers of two from bodyPoolMin to
+// bodyPoolMax bytes; smaller and larger bodies are allocated.
+const (
+	bodyPoolMinShift = 14 // 16 KiB
+	bodyPoolMaxShift = 22 // 4 MiB
+)
+
+var bodyPools [bodyPoolMaxShift - bodyPoolMinShift + 1]sync.Pool
+
+// alloc returns a buffer of n bytes for the body, from the pool when n is
+// in its range.
+func (rb *replayBody) alloc(n int) []byte {
+	rb.pool = 0
+	if n < 1<<bodyPoolMinShift || n > 1<<bodyPoolMaxShift {
+		return make([]byte, n)
+	}
+	c := bits.Len(uint(n-1)) - bodyPoolMinShift
+	rb.pool = c + 1
+	if bp, ok := bodyPools[c].Get().(*[]byte); ok {
+		return (*bp)[:n]
+	}
+	return make([]byte, n, 1<<(c+bodyPoolMinShift))
+}
+
+// release ends the body's life: later reads get EOF, and a pooled buffer
+// goes back to its pool unless a write of it is in progress.
+func (rb *replayBody) release() {
+	rb.mu.Lock()
+	defer rb.mu.Unlock()
+	if rb.released {
+		return
+	}
+	rb.released = true
+	b, c := rb.b, rb.pool-1
+	rb.b, rb.off, rb.pool = nil, 0, 0
+	if c >= 0 && rb.writing == 0 && cap(b) == 1<<(c+bodyPoolMinShift) {
+		b = b[:0]
+		bodyPools[c].Put(&b)
+	}
 }
 
 func (rb *replayBody) Close() error { return nil }
@@ -193,12 +287,13 @@ func (h *Handler) peek(r *http.Request, rb *replayBody, limit int, found func(pr
 			return nil, false, err
 		}
 	}
-	body = make([]byte, n)
+	body = rb.alloc(int(n))
 	copy(body, head)
 	if _, err := io.ReadFull(r.Body, body[len(head):]); err != nil {
+		rb.pool = 0
 		return nil, false, err
 	}
-	h.replay(r, body, rb)
+	replay(r, body, rb)
 	return body, false, nil
 }
 

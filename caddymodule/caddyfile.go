@@ -133,6 +133,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 //	    poll_timeout       <duration>
 //	    fail_after         <n>
 //	    fail_cooldown      <duration>
+//	    abandon_after      off|<n>
 //	    metrics_path       <path>
 //	    engine             auto|vllm|sglang|llamacpp|tgi
 //	    poll_scheme        http|https
@@ -240,6 +241,17 @@ func (p *Policy) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.Errf("spill_waiting must be off or a positive integer, got %q", v)
 			}
 			p.SpillWaiting = n
+		case "abandon_after":
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			if v := d.Val(); v == "off" {
+				p.AbandonAfter = -1
+			} else if n, err := strconv.Atoi(v); err != nil || n < 1 {
+				return d.Errf("abandon_after must be off or a positive integer, got %q", v)
+			} else {
+				p.AbandonAfter = n
+			}
 		case "store":
 			if err := p.unmarshalStore(d); err != nil {
 				return err

@@ -61,6 +61,17 @@ func TestPolicyCaddyfile(t *testing.T) {
 		{"bad spill_waiting", `lm_warden {
 			spill_waiting -1
 		}`, &Policy{}, true},
+		{"abandon_after", `lm_warden {
+			model m
+			abandon_after 5
+		}`, &Policy{Model: "m", AbandonAfter: 5}, false},
+		{"abandon_after off", `lm_warden {
+			model m
+			abandon_after off
+		}`, &Policy{Model: "m", AbandonAfter: -1}, false},
+		{"bad abandon_after", `lm_warden {
+			abandon_after 0
+		}`, &Policy{}, true},
 		{"bad affinity", `lm_warden {
 			affinity maybe
 		}`, &Policy{}, true},

@@ -9,6 +9,7 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -627,6 +628,14 @@ func TestAdminWritesAreStrict(t *testing.T) {
 		%s
 	}`, dialList(fs), policyBlock("strict", "")))
 	sendTurn(t, "/v1/messages", chatTurn("bound", 1, false), map[string]string{"X-Claude-Code-Session-Id": "bound"})
+	long300 := "s300-" + strings.Repeat("a", 295)
+	long300b := "s300b-" + strings.Repeat("b", 294)
+	long4k := "s4k-" + strings.Repeat("c", 4092)
+	for _, k := range []string{long300, long300b, long4k} {
+		if r := sendTurn(t, "/v1/messages", chatTurn(k[:4], 1, false), map[string]string{"X-Claude-Code-Session-Id": k}); r.status != 200 {
+			t.Fatalf("turn with a %d-byte key: %d", len(k), r.status)
+		}
+	}
 	admin := fmt.Sprintf("http://localhost:%d/lm-warden/models/strict", testAdminPort)
 	tests := []struct {
 		name, method, path, body string
@@ -639,10 +648,16 @@ func TestAdminWritesAreStrict(t *testing.T) {
 		{"missing field", http.MethodPut, "/affinity", `{}`, 400},
 		{"empty", http.MethodPut, "/affinity", ``, 400},
 		{"too large", http.MethodPut, "/affinity", `{"affinity":true}` + strings.Repeat(" ", maxAdminBody), 413},
-		{"valid, padded past 4 KB", http.MethodPut, "/affinity", `{"affinity":true,"note":"` + strings.Repeat("x", 8000) + `"}` + "\n", 200},
+		{"unknown field", http.MethodPut, "/affinity", `{"affinity":true,"afinity":false}`, 400},
+		{"unknown field, admission", http.MethodPut, "/admission", `{"admission":true,"wait":"1m"}`, 400},
+		{"valid, padded past 4 KB", http.MethodPut, "/affinity", `{"affinity":` + strings.Repeat(" ", 8000) + `true}` + "\n", 200},
 		{"valid, trailing white space", http.MethodPut, "/affinity", "{\"affinity\":true}\n\t ", 200},
 		{"unbind with a body", http.MethodDelete, "/sessions/bound", `garbage`, 400},
 		{"unbind", http.MethodDelete, "/sessions/bound", ``, 200},
+		{"unbind a 300-byte key in full", http.MethodDelete, "/sessions/" + url.PathEscape(long300), ``, 200},
+		{"unbind a 4 KB key in full", http.MethodDelete, "/sessions/" + url.PathEscape(long4k), ``, 200},
+		{"unbind a long key by its stored form", http.MethodDelete, "/sessions/" + url.PathEscape(compactKey(long300b)), ``, 200},
+		{"unbind a long key not bound", http.MethodDelete, "/sessions/" + url.PathEscape(long4k), ``, 404},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -656,6 +671,9 @@ func TestAdminWritesAreStrict(t *testing.T) {
 			resp.Body.Close()
 			if resp.StatusCode != tt.want {
 				t.Fatalf("%s %s: %d %s, want %d", tt.method, tt.path, resp.StatusCode, b, tt.want)
+			}
+			if resp.StatusCode == 404 && strings.Contains(string(b), "cccccccc") {
+				t.Fatalf("the 404 repeats the key: %s", b)
 			}
 		})
 	}

@@ -206,6 +206,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// response, and they must not be written then (see finish).
 	st := new(routeState)
 	st.api = apiOf(r.URL.Path)
+	st.maxBody = h.MaxBody
 	st.key, st.parent = h.keys.fromHeaders(r.Header)
 
 	st.end = h.sessionEnds(r.Header)
@@ -222,7 +223,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			return caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("reading request body: %w", err))
 		}
 		if nb, ok := stripBillingBlock(body); ok {
-			h.replay(r, nb, &st.rb)
+			replay(r, nb, &st.rb)
 			body = nb
 		}
 		full = body
@@ -283,10 +284,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	rw.ResponseWriter, rw.st = w, st
 	rw.inference = isInference(r)
 	rw.measure = rw.inference
-	rw.ctx = r.Context()
+	rw.ctx, rw.remote = r.Context(), r.RemoteAddr
 	defer h.finish(rw)
 
 	err := next.ServeHTTP(rw, r)
+	if !rw.wroteHeader {
+		// before any answer the handler writes itself below
+		rw.abandoned()
+	}
 	if err != nil && !rw.wroteHeader {
 		var herr caddyhttp.HandlerError
 		if errors.As(err, &herr) {
@@ -299,6 +304,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			case http.StatusServiceUnavailable:
 				if st.refused && st.model != nil {
 					return h.refuse(rw, r, st)
+				}
+				if st.bodyErr != nil {
+					return h.fail(rw, r, st, st.bodyErr)
 				}
 				return h.fail(rw, r, st, err)
 			}
@@ -348,13 +356,14 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, st *routeState, e
 		return err
 	}
 	msg := herr.Err.Error()
-	if herr.StatusCode != http.StatusRequestEntityTooLarge {
+	if herr.StatusCode >= 500 {
 		msg = noReplicaMessage(st, herr.StatusCode)
 	}
 	writeAPIError(w, st.api, herr.StatusCode, msg)
 	if h.logger != nil {
 		level := zap.DebugLevel
-		if herr.StatusCode >= 500 {
+		if herr.StatusCode >= 500 && r.Context().Err() == nil {
+			// a client that left (a held request cancelled) is not an error
 			level = zap.ErrorLevel
 		}
 		if c := h.logger.Check(level, msg); c != nil {
@@ -412,6 +421,8 @@ func (h *Handler) finish(rw *responseWatcher) {
 	} else {
 		rw.st.finished(rw.status, nil, time.Now())
 	}
+	// the body the handler read is not read again (see replayBody)
+	rw.st.rb.release()
 	// The request's variables are left alone: the proxy's transport may
 	// still be dialling for this request in another goroutine (a client
 	// gone during the dial) and reads them there.

@@ -109,6 +109,7 @@ var outCauses = [...]struct {
 	{placement.CauseProxy, "proxy"},
 	{placement.CauseHealth, "health"},
 	{placement.CauseAdmin, "admin"},
+	{placement.CauseAbandoned, "abandoned"},
 }
 
 // Describe implements prometheus.Collector.

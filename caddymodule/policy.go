@@ -112,6 +112,15 @@ type Policy struct {
 	// this, whichever is longer. Default 5s.
 	FailCooldown caddy.Duration `json:"fail_cooldown,omitempty"`
 
+	// How many turns in a row a replica must leave without response
+	// headers until their clients give up, from at least two clients and
+	// while other replicas answer, before it is out as for a failure
+	// (cause "abandoned turns", cooled down as fail_cooldown says). It
+	// finds a hung replica when clients give up before the transport's
+	// response_header_timeout. Default 3; -1 (Caddyfile: off) turns it
+	// off.
+	AbandonAfter int `json:"abandon_after,omitempty"`
+
 	// Path of the replicas' Prometheus metrics. Default /metrics.
 	MetricsPath string `json:"metrics_path,omitempty"`
 
@@ -203,6 +212,7 @@ func (p *Policy) routerConfig() placement.Config {
 		ActiveWindow:    time.Duration(p.ActiveWindow),
 		MaxBindings:     p.MaxSessions,
 		FailCooldown:    time.Duration(p.FailCooldown),
+		AbandonAfter:    p.AbandonAfter,
 		MaxFailCooldown: max(placement.DefaultMaxFailCooldown, 12*time.Duration(p.FailCooldown)),
 		AdmissionOff:    p.Admission != nil && !*p.Admission,
 		KVTokens:        p.KVTokens,
@@ -364,6 +374,8 @@ func (p *Policy) Validate() error {
 		return fmt.Errorf("lm_warden %s: spill_threshold must not be negative", p.Model)
 	case p.SpillWaiting < 0:
 		return fmt.Errorf("lm_warden %s: spill_waiting must not be negative", p.Model)
+	case p.AbandonAfter < -1:
+		return fmt.Errorf("lm_warden %s: abandon_after must be -1 (off) or positive, got %d", p.Model, p.AbandonAfter)
 	case p.FailCooldown < 0:
 		return fmt.Errorf("lm_warden %s: fail_cooldown must not be negative", p.Model)
 	case p.MaxNumSeqs < 0, p.MaxSessions < 0, p.FailAfter < 0, p.DataParallelSize < 0:
@@ -555,8 +567,8 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 		}
 	}
 	st.beginAttempt()
-	if st.refused {
-		return nil // the admission queue was full: 429 (the handler)
+	if st.refused || st.bodyErr != nil {
+		return nil // the admission queue was full (429) or the body failed: the handler answers
 	}
 
 	// nil unless a replica is full or was tried already: the request is
@@ -584,7 +596,17 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 			req.Pin = p.pinned(v[0], rs)
 		}
 	}
+	req.Unread = st.unread(r)
 	dec, tk, err := p.m.route(req)
+	if errors.Is(err, placement.ErrUnread) {
+		// a new conversation admission may hold: its whole body first
+		// (see unread.go), then routed as it now stands
+		if st.readRest(w, r) != nil {
+			return nil
+		}
+		req.Unread, req.Tokens = false, p.tokens(r, st)
+		dec, tk, err = p.m.route(req)
+	}
 	var waited time.Duration
 	if tk != nil {
 		if dec, waited, err = p.m.await(r.Context(), tk); err == nil {

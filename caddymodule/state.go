@@ -81,8 +81,9 @@ type modelState struct {
 	started   bool
 	stopped   bool
 	logger    *zap.Logger
-	pollErrs  map[string]uint64 // poll rounds that failed, per present replica
-	resets    map[string]uint64 // counter resets (restarts) seen, per present replica
+	pollErrs  map[string]uint64          // poll rounds that failed, per present replica
+	resets    map[string]uint64          // counter resets (restarts) seen, per present replica
+	outs      map[string]placement.Cause // causes (but poll failures) logged as holding, per replica (logOuts)
 	lastTaken time.Time
 	// overcommitted: the active conversations hold more than the replicas
 	// cache (logged once per episode)
@@ -277,6 +278,7 @@ func (m *modelState) onSnapshot(s *vllmstats.Snapshot) {
 	m.forgetGone(now)
 	// room appears as conversations go quiet, which no request reports
 	m.router.AdmitWaiting(now)
+	m.logOuts()
 	m.checkOvercommit(m.router.Admission())
 	var restarted []string
 	m.mu.Lock()

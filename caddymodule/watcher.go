@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"context"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -19,6 +20,7 @@ import (
 type responseWatcher struct {
 	caddyhttp.ResponseWriterWrapper
 	ctx         context.Context // the request's: done when the client has gone
+	remote      string          // the client's address (names a keyless client)
 	answered    bool            // the replica's answer was reported a success
 	failReport  bool            // the request's failure was reported
 	st          *routeState
@@ -31,6 +33,10 @@ type responseWatcher struct {
 	stream      bool // a measured event stream: its first write marks the first token
 }
 
+// statusClientClosed is the status Caddy's proxy records for a request
+// whose client left before the upstream answered.
+const statusClientClosed = 499
+
 var watcherPool = sync.Pool{New: func() any { return new(responseWatcher) }}
 
 // WriteHeader starts usage parsing for successful generation responses.
@@ -40,6 +46,14 @@ func (rw *responseWatcher) WriteHeader(status int) {
 		return
 	}
 	if status >= 100 && status < 200 {
+		rw.ResponseWriterWrapper.WriteHeader(status)
+		return
+	}
+	if status == statusClientClosed && !rw.answered && rw.ctx != nil && rw.ctx.Err() != nil {
+		// Caddy's proxy records a client that left before the replica
+		// answered: no answer of the replica's
+		rw.abandoned()
+		rw.wroteHeader, rw.status = true, status
 		rw.ResponseWriterWrapper.WriteHeader(status)
 		return
 	}
@@ -90,6 +104,25 @@ func (rw *responseWatcher) failed() {
 	}
 	rw.failReport = true
 	rw.st.dec.Failed(time.Time{})
+}
+
+// abandoned reports a routed request whose client left before the replica
+// sent response headers (nor was the request's failure reported): see
+// placement.Decision.Abandoned.
+func (rw *responseWatcher) abandoned() {
+	if rw.wroteHeader || rw.failReport || rw.st == nil || !rw.st.routed || rw.ctx == nil || rw.ctx.Err() == nil {
+		return
+	}
+	rw.failReport = true
+	client := rw.st.key
+	if client == "" {
+		host, _, err := net.SplitHostPort(rw.remote)
+		if err != nil {
+			host = rw.remote
+		}
+		client = "addr:" + host
+	}
+	rw.st.dec.Abandoned(client, time.Time{})
 }
 
 // Write passes b through and parses a copy.

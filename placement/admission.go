@@ -36,6 +36,10 @@ const (
 // and Config.AdmitQueue conversations are waiting already.
 var ErrQueueFull = errors.New("placement: admission queue is full")
 
+// ErrUnread is returned by Admit for a new conversation under admission
+// whose request says its body has not arrived in full (Request.Unread).
+var ErrUnread = errors.New("placement: the request's body is not read yet")
+
 const (
 	// flagIdle: the conversation's last turn has ended (its entry's last is
 	// then that end), so its next turn measures a pause.

@@ -2,6 +2,7 @@ package placement
 
 import (
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -21,6 +22,10 @@ const (
 	CauseHealth
 	// CauseAdmin: SetAvailable(false).
 	CauseAdmin
+	// CauseAbandoned: turns sent to it got no response headers until
+	// their clients gave up, repeatedly, while other replicas answered
+	// (see Decision.Abandoned); it cools down as for proxy errors.
+	CauseAbandoned
 )
 
 var causeNames = [...]struct {
@@ -31,6 +36,7 @@ var causeNames = [...]struct {
 	{CauseProxy, "proxy errors"},
 	{CauseHealth, "health check"},
 	{CauseAdmin, "unavailable"},
+	{CauseAbandoned, "abandoned turns"},
 }
 
 // Names returns the causes held, e.g. ["poll failure", "proxy errors"].
@@ -66,7 +72,7 @@ func (r *Router) out(p *replica) Cause {
 		c |= CauseAdmin
 	}
 	if p.coolUntil > r.clock {
-		c |= CauseProxy
+		c |= p.coolCause
 	}
 	return c
 }
@@ -103,6 +109,7 @@ func (r *Router) setDown(id string, c Cause, down bool) bool {
 		// whose past proxy errors say nothing about the new one
 		p.coolUntil, p.failStreak = 0, 0
 		p.streak.Store(0)
+		p.ab.reset()
 	}
 	return true
 }
@@ -138,21 +145,33 @@ func (d Decision) Failed(now time.Time) {
 // It takes no lock unless the replica had failures. Call it before Release.
 func (d Decision) Succeeded() {
 	s := d.s
-	if s == nil || d.tok == 0 || s.tok.Load() != d.tok || s.rep.streak.Load() == 0 {
+	if s == nil || d.tok == 0 || s.tok.Load() != d.tok {
 		return
 	}
-	r, p := s.r, s.rep
+	p := s.rep
+	p.ab.answered.Add(1)
+	if p.streak.Load() == 0 && p.ab.n.Load() == 0 {
+		return
+	}
+	r := s.r
 	r.mu.Lock()
 	p.failStreak = 0
 	p.streak.Store(0)
+	p.ab.reset()
 	r.mu.Unlock()
 }
 
 func (r *Router) fail(p *replica, now int64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	now = r.advance(now)
 	p.proxyFails++
+	r.failLocked(p, r.advance(now), CauseProxy)
+}
+
+// failLocked puts p out for a failure (cause CauseProxy or
+// CauseAbandoned) at now: see Decision.Failed. r.mu held.
+func (r *Router) failLocked(p *replica, now int64, cause Cause) {
+	p.coolCause = cause
 	cd := r.cfg.FailCooldown
 	for i := 0; i < p.failStreak && cd < r.cfg.MaxFailCooldown; i++ {
 		cd *= 2
@@ -166,4 +185,101 @@ func (r *Router) fail(p *replica, now int64) {
 	if p.failStreak == 2 {
 		r.orphan(p)
 	}
+}
+
+// DefaultAbandonAfter is Config.AbandonAfter's default.
+const DefaultAbandonAfter = 3
+
+// abandonState counts the turns a replica left without response headers
+// until their clients gave up (Decision.Abandoned), since its last answer.
+type abandonState struct {
+	n        atomic.Int32  // abandoned turns in a row (written with r.mu held)
+	clients  [2]uint64     // hashes of the first two clients among them
+	nclients int           // how many of clients are set
+	others   uint64        // other replicas' answers when the run began
+	answered atomic.Uint64 // answers (Succeeded) ever
+}
+
+func (a *abandonState) reset() {
+	a.n.Store(0)
+	a.nclients = 0
+}
+
+// Abandoned reports that the client of the request this Decision routed
+// went away before the replica sent any response header. client names the
+// client (the conversation's key, else e.g. its address). One abandoned
+// turn says nothing about the replica (clients give up, users interrupt),
+// so it is not a failure; but Config.AbandonAfter of them in a row at one
+// replica, from at least two clients, while other replicas answered
+// since the first, are taken as the replica's failure (CauseAbandoned,
+// cooled down as Failed does): a replica whose engine hangs is then found
+// even when every client gives up before the proxy's
+// response_header_timeout. An answer from the replica (Succeeded) ends
+// the run. Call it before Release; afterwards it does nothing. now zero
+// means time.Now().
+func (d Decision) Abandoned(client string, now time.Time) {
+	s := d.s
+	if s == nil || d.tok == 0 || s.tok.Load() != d.tok {
+		return
+	}
+	r := s.r
+	if r.cfg.AbandonAfter < 0 {
+		return
+	}
+	h := r.hash(client)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.abandoned(s.rep, h, r.advance(unixNanos(now)))
+}
+
+// abandoned counts an abandoned turn of client h at p. r.mu held.
+func (r *Router) abandoned(p *replica, h uint64, now int64) {
+	a := &p.ab
+	if a.n.Load() == 0 {
+		a.others = r.othersAnswered(p)
+		a.clients[0], a.nclients = h, 1
+	} else if a.nclients == 1 && a.clients[0] != h {
+		a.clients[1], a.nclients = h, 2
+	}
+	a.n.Add(1)
+	if int(a.n.Load()) < r.cfg.AbandonAfter || a.nclients < 2 || r.othersAnswered(p) == a.others {
+		return
+	}
+	a.reset()
+	r.failLocked(p, now, CauseAbandoned)
+}
+
+// othersAnswered sums the answers of the replicas other than p. r.mu held.
+func (r *Router) othersAnswered(p *replica) uint64 {
+	var n uint64
+	for _, i := range r.order {
+		if q := r.reps[i]; q != p {
+			n += q.ab.answered.Load()
+		}
+	}
+	return n
+}
+
+// ReplicaOut is a replica's out-of-placement state (see Outs).
+type ReplicaOut struct {
+	ID            string
+	Out           Cause     // why it is out; 0 when it is available
+	CooldownUntil time.Time // when its failure cool-down ends (zero when none)
+	ProxyFailures uint64
+}
+
+// Outs appends every present replica's state at the latest time seen to
+// dst, without the rest of Snapshot.
+func (r *Router) Outs(dst []ReplicaOut) []ReplicaOut {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, i := range r.order {
+		p := r.reps[i]
+		o := ReplicaOut{ID: p.id, Out: r.out(p), ProxyFailures: p.proxyFails}
+		if p.coolUntil > r.clock {
+			o.CooldownUntil = time.Unix(0, p.coolUntil)
+		}
+		dst = append(dst, o)
+	}
+	return dst
 }

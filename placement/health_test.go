@@ -188,3 +188,68 @@ func TestCauseNames(t *testing.T) {
 		t.Fatal("no cause must be empty")
 	}
 }
+
+// pinned routes a turn of key to id (kept in flight: the caller reports
+// its outcome and releases it).
+func pinned(t *testing.T, r *Router, key, id string, now time.Time) Decision {
+	t.Helper()
+	d, err := r.Route(Request{Key: key, Pin: id, Now: now})
+	if err != nil || d.Replica != id {
+		t.Fatalf("pinning %q to %s: got %q, %v", key, id, d.Replica, err)
+	}
+	return d
+}
+
+// Abandoned turns are evidence against a replica only in a run of
+// AbandonAfter from two clients or more while other replicas answer: an
+// answer from the replica ends the run, one impatient client never takes
+// it out, nor do clients that give up everywhere.
+func TestAbandonedTurnsTakeAHungReplicaOut(t *testing.T) {
+	type turn struct {
+		rep, client string
+		answered    bool
+	}
+	abandon := func(client string) turn { return turn{"r1", client, false} }
+	answer := func(rep string) turn { return turn{rep, "other", true} }
+	for _, tc := range []struct {
+		name    string
+		turns   []turn
+		outAt   int // index of the turn after which r1 is out; -1 never
+		cfgN    int
+		outWhat Cause
+	}{
+		{"two clients while r0 answers", []turn{answer("r0"), abandon("a"), answer("r0"), abandon("b"), abandon("a")}, 4, 0, CauseAbandoned},
+		{"three clients", []turn{abandon("a"), answer("r0"), abandon("b"), abandon("c")}, 3, 0, CauseAbandoned},
+		{"one impatient client", []turn{abandon("a"), answer("r0"), abandon("a"), abandon("a"), abandon("a"), abandon("a")}, -1, 0, 0},
+		{"nobody else answers", []turn{abandon("a"), abandon("b"), abandon("c"), abandon("d")}, -1, 0, 0},
+		{"an answer from r1 ends the run", []turn{abandon("a"), answer("r0"), abandon("b"), answer("r1"), abandon("a"), abandon("b")}, -1, 0, 0},
+		{"abandon_after 5", []turn{abandon("a"), abandon("b"), abandon("a"), answer("r0"), abandon("b"), abandon("a")}, 5, 5, CauseAbandoned},
+		{"off", []turn{answer("r0"), abandon("a"), abandon("b"), abandon("a"), abandon("b")}, -1, -1, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newTestRouter(2, Config{AbandonAfter: tc.cfgN})
+			now := t0
+			for i, tu := range tc.turns {
+				now = now.Add(100 * time.Millisecond)
+				d := pinned(t, r, tu.client, tu.rep, now)
+				if tu.answered {
+					d.Succeeded()
+				} else {
+					d.Abandoned(tu.client, now)
+				}
+				d.ReleaseAt(now)
+				row := replicaRow(t, r, "r1")
+				want := tc.outAt >= 0 && i >= tc.outAt
+				if !row.Available != want {
+					t.Fatalf("after turn %d r1 out %v (%v), want %v", i, !row.Available, row.Out, want)
+				}
+				if want && row.Out != tc.outWhat {
+					t.Fatalf("r1 out for %v, want %v", row.Out, tc.outWhat)
+				}
+				if want && row.ProxyFailures != 0 {
+					t.Fatalf("abandoned turns counted as %d proxy failures", row.ProxyFailures)
+				}
+			}
+		})
+	}
+}

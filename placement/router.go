@@ -59,6 +59,12 @@ type Config struct {
 	// without a success in between, up to MaxFailCooldown. Defaults 5s and
 	// 1m.
 	FailCooldown, MaxFailCooldown time.Duration
+	// AbandonAfter is how many turns in a row a replica must leave without
+	// response headers until their clients give up, from at least two
+	// clients and while other replicas answer, before it is out as for a
+	// proxy failure (Decision.Abandoned). Default DefaultAbandonAfter; -1
+	// turns the rule off.
+	AbandonAfter int
 
 	// Working-set admission (see the package doc, "Admission"); on unless
 	// AdmissionOff, in force while every replica's KV capacity is known.
@@ -110,6 +116,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxFailCooldown < c.FailCooldown {
 		c.MaxFailCooldown = c.FailCooldown
+	}
+	if c.AbandonAfter == 0 {
+		c.AbandonAfter = DefaultAbandonAfter
 	}
 	if c.KVTokens < 0 {
 		c.KVTokens = 0
@@ -183,6 +192,13 @@ type Request struct {
 	// body's size); 0 = unknown. Admission counts a conversation with it
 	// until the engine reports the context (Feedback).
 	Tokens int
+	// Unread reports that the request's body has not arrived in full. A
+	// new conversation that admission may queue is then neither placed
+	// nor queued: Admit returns ErrUnread and counts nothing, and the
+	// caller routes the request again once its body is in. A client that
+	// stalls its body so holds no place in the queue and no room in a
+	// replica's working set.
+	Unread bool
 }
 
 // Reason says why a replica was chosen.
@@ -255,6 +271,8 @@ type replica struct {
 	failStreak int          // proxy failures since the last success
 	streak     atomic.Int32 // failStreak, read without the lock
 	proxyFails uint64       // proxy failures reported, ever
+	coolCause  Cause        // what the cool-down is for: CauseProxy or CauseAbandoned
+	ab         abandonState // turns left unanswered until their clients gave up
 
 	// bindings list, most recent first; entries head..activeTail are active.
 	head, tail, activeTail int32
@@ -755,6 +773,9 @@ func (r *Router) placeNew(req Request, h, parent uint64, now int64, queue bool) 
 		}
 	}
 	queue = queue && r.admit && !sub
+	if queue && req.Unread {
+		return Decision{}, nil, ErrUnread
+	}
 	if queue && len(r.queue) > 0 {
 		// earlier arrivals go first: this one waits behind them unless
 		// room lets them all in now

@@ -1,0 +1,234 @@
+package caddymodule
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// modelFirstBody is a first request as Claude Code orders it: the model
+// first, then the messages, padded to size bytes; its first 4 KiB hold the
+// model, so the handler reads no further when the key came from a header.
+func modelFirstBody(id string, size int) string {
+	head := `{"model":"qwen3-4b","max_tokens":8,"stream":false,"messages":[{"role":"user","content":"` + id + `: `
+	tail := `"}]}`
+	fill := max(size-len(head)-len(tail), 0)
+	return head + strings.Repeat("x", fill) + tail
+}
+
+// engineRequests is how many generation requests reached the emulated
+// engines behind url: finished (any reason, aborted included), running or
+// waiting, from its /metrics parsed with expfmt.
+func engineRequests(t *testing.T, url string) float64 {
+	t.Helper()
+	resp, err := http.Get(url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n float64
+	for _, m := range fams["vllm:request_success_total"].GetMetric() {
+		n += m.GetCounter().GetValue()
+	}
+	for _, name := range []string{"vllm:num_requests_running", "vllm:num_requests_waiting"} {
+		for _, m := range fams[name].GetMetric() {
+			n += m.GetGauge().GetValue()
+		}
+	}
+	return n
+}
+
+// waitLong is waitFor with a longer bound, for conditions that need a
+// thousand connections to be made on a loaded machine.
+func waitLong(t *testing.T, what string, d time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestHeldClientsThatLeaveLeaveTheQueue: 1,000 new conversations with 8 KB
+// bodies (model first, key in X-Claude-Code-Session-Id: the handler reads
+// only their start) are held by admission; the 500 whose clients give up
+// leave the queue at once, counted as cancelled, and none of them reaches
+// the engine; then the other 500 give up too, and no goroutine is left.
+func TestHeldClientsThatLeaveLeaveTheQueue(t *testing.T) {
+	const mdl = "held-gone"
+	emu, dials := startEmulator(t, 1, 50)
+	loadSite(t, admissionConfig(dials[0], mdl, "", ""))
+	waitFor(t, "admission in force", func() bool { return getCard(t, mdl).Admission.Active })
+	emuURL := "http://" + dials[0]
+	_ = emu
+	if r := sendTurn(t, "/v1/messages", bigTurn("A"), session("A")); r.status != 200 {
+		t.Fatalf("A: %d %s", r.status, r.body)
+	}
+	reached := engineRequests(t, emuURL)
+
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1000}}
+	settle := func() int {
+		client.CloseIdleConnections()
+		testClient.CloseIdleConnections()
+		runtime.GC()
+		time.Sleep(200 * time.Millisecond)
+		return runtime.NumGoroutine()
+	}
+	baseline := settle()
+
+	const total = 1000
+	cancels := make([]context.CancelFunc, total)
+	var wg sync.WaitGroup
+	answered := make(chan string, total)
+	for i := range total {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancels[i] = cancel
+		id := fmt.Sprint("held-", i)
+		body := modelFirstBody(id, 8<<10)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, siteURL+"/v1/messages", strings.NewReader(body))
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("X-Claude-Code-Session-Id", id)
+			resp, err := client.Do(req)
+			if err == nil {
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				answered <- fmt.Sprintf("%s: %d %s", id, resp.StatusCode, b)
+			}
+		}()
+	}
+	defer func() {
+		for _, c := range cancels {
+			c()
+		}
+	}()
+	waitLong(t, "1,000 held", time.Minute, func() bool { return waitingNow(t, mdl) == total })
+
+	for i := range total / 2 {
+		cancels[i]()
+	}
+	waitFor(t, "the 500 cancelled to leave the queue", func() bool {
+		a := getCard(t, mdl).Admission
+		return a.Cancelled == total/2 && a.Waiting == total/2
+	})
+	for i := total / 2; i < total; i++ {
+		cancels[i]()
+	}
+	waitFor(t, "the queue to empty", func() bool { return waitingNow(t, mdl) == 0 })
+	wg.Wait()
+	close(answered)
+	for a := range answered {
+		t.Errorf("a held request was answered: %s", a)
+	}
+	a := getCard(t, mdl).Admission
+	if a.Queued != total || a.Cancelled != total || a.AdmittedAfterWait+a.AdmittedAtLimit != 0 {
+		t.Errorf("queued %d, cancelled %d, admitted %d; want %d, %d, 0", a.Queued, a.Cancelled, a.AdmittedAfterWait+a.AdmittedAtLimit, total, total)
+	}
+	if got := engineRequests(t, emuURL); got != reached {
+		t.Errorf("%v requests reached the engine after the held ones were sent, want 0", got-reached)
+	}
+	var after int
+	waitLong(t, "goroutines to settle", 10*time.Second, func() bool {
+		after = settle()
+		return after <= baseline+10
+	})
+	t.Logf("queued %d, cancelled %d; goroutines %d → %d", a.Queued, a.Cancelled, baseline, after)
+}
+
+// stalledBody opens a connection to the site and sends a new
+// conversation's request whose body announces size bytes but stops after
+// sent of them. It returns the connection (closed at cleanup).
+func stalledBody(t *testing.T, id string, size, sent int) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", strings.TrimPrefix(siteURL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	body := modelFirstBody(id, size)
+	fmt.Fprintf(c, "POST /v1/messages HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nX-Claude-Code-Session-Id: %s\r\nContent-Length: %d\r\n\r\n%s",
+		strings.TrimPrefix(siteURL, "http://"), id, len(body), body[:sent])
+	return c
+}
+
+// TestStalledBodiesDoNotHoldAdmission: 40 clients each send 6 KB of a
+// 100 KB first request and stop. They take no place in the admission
+// queue and no room on the replica, so a new small conversation sent
+// after them is placed at once; when the body deadline passes they are
+// answered 408 and their goroutines end.
+func TestStalledBodiesDoNotHoldAdmission(t *testing.T) {
+	const mdl = "held-stalled"
+	old := heldBodyTimeout.Load()
+	heldBodyTimeout.Store(int64(3 * time.Second))
+	t.Cleanup(func() { heldBodyTimeout.Store(old) })
+	_, dials := startEmulator(t, 1, 50)
+	loadSite(t, admissionConfig(dials[0], mdl, "", ""))
+	waitFor(t, "admission in force", func() bool { return getCard(t, mdl).Admission.Active })
+	testClient.CloseIdleConnections()
+	runtime.GC()
+	baseline := runtime.NumGoroutine()
+
+	conns := make([]net.Conn, 40)
+	for i := range conns {
+		conns[i] = stalledBody(t, fmt.Sprint("stalled-", i), 100<<10, 6<<10)
+	}
+	// give the server time to take every stalled request to admission
+	time.Sleep(300 * time.Millisecond)
+	if a := getCard(t, mdl).Admission; a.Waiting != 0 || a.Queued != 0 {
+		t.Fatalf("stalled bodies in the queue: waiting %d, queued %d", a.Waiting, a.Queued)
+	}
+
+	small := modelFirstBody("small", 200)
+	start := time.Now()
+	r := sendTurn(t, "/v1/messages", small, session("small"))
+	took := time.Since(start)
+	if r.status != 200 || r.reason != "placed" || r.header.Get(WaitHeader) != "" {
+		t.Fatalf("small conversation behind 40 stalled bodies: %d %s wait %q %s", r.status, r.reason, r.header.Get(WaitHeader), r.body)
+	}
+	if a := getCard(t, mdl).Admission; a.Queued != 0 {
+		t.Fatalf("the small conversation waited: queued %d", a.Queued)
+	}
+	t.Logf("small conversation answered in %v behind 40 stalled bodies", took)
+
+	// the deadline ends the stalled requests: 408 in the API's format
+	for i, c := range conns {
+		_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatalf("stalled %d: %v", i, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusRequestTimeout || !strings.Contains(string(b), "did not arrive") {
+			t.Fatalf("stalled %d answered %d %s", i, resp.StatusCode, b)
+		}
+		c.Close()
+	}
+	var after int
+	waitLong(t, "goroutines to settle", 10*time.Second, func() bool {
+		testClient.CloseIdleConnections()
+		runtime.GC()
+		after = runtime.NumGoroutine()
+		return after <= baseline+10
+	})
+}

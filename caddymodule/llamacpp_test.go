@@ -143,6 +143,10 @@ func llamaTurn(api, c string, n int, stream bool) string {
 		req["messages"] = msgs
 	} else {
 		req["messages"] = append([]map[string]any{{"role": "system", "content": system}}, msgs...)
+		if stream {
+			// llama.cpp, like OpenAI, puts usage in a stream only when asked
+			req["stream_options"] = map[string]any{"include_usage": true}
+		}
 	}
 	b, _ := json.Marshal(req)
 	return string(b)

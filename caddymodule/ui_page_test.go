@@ -192,10 +192,10 @@ func TestUICardView(t *testing.T) {
 		{
 			name: "reference card",
 			head: map[string]string{"affinity": "on", "spill": "8 (auto)", "sticky": "100%", "in_flight": "3",
-				"requests": "1,234,567", "bindings": "12", "max_num_seqs": "32", "store": "none (this instance's own bindings)"},
+				"requests": "1,234,567", "bindings": "12", "max_num_seqs": "32"},
 			row: 0,
 			cells: map[string]string{"held": "0", "sticky": "38", "spill_accepted": "0", "client_pinned": "0",
-				"run_wait": "0 / 0", "kv": "41.0%", "hit": "82.2%", "bindings": "3 (2 active)", "state": "reachable",
+				"run_wait": "0 / 0", "kv": "41.0%", "hit": "82.2%", "bindings": "3 (2 recent)", "state": "available",
 				"delivered": "none yet", "restarted": "0", "cold_replaced": "0", "ended": "0"},
 			ok: true,
 		},
@@ -207,7 +207,7 @@ func TestUICardView(t *testing.T) {
 				r.PredictedCached, r.DeliveredCached, r.DeliveredShare = 12300, 12000, ptr(12000.0/12300)
 			},
 			row: 0,
-			cells: map[string]string{"delivered": "97.6% (12,000 of 12,300)", "restarted": "2", "cold_replaced": "1",
+			cells: map[string]string{"delivered": "97.6% (12 k of 12.3 k)", "restarted": "2", "cold_replaced": "1",
 				"ended": "1,234"},
 			ok: true,
 		},
@@ -245,16 +245,37 @@ func TestUICardView(t *testing.T) {
 			},
 			head: map[string]string{"affinity": "off", "spill": "4", "sticky": "97.5%"},
 			row:  1,
-			cells: map[string]string{"state": "dial tcp 127.0.0.1:8002: connection refused · last seen 1 minute ago",
+			cells: map[string]string{"state": "unreachable: dial tcp 127.0.0.1:8002: connection refused · last seen 1 minute ago",
 				"run_wait": "12 / 3"},
 			ok: false,
+		},
+		{
+			name: "unreachable, the poll's request left out",
+			change: func(c *Card) {
+				c.Replicas[2].Reachable, c.Replicas[2].Available = false, false
+				c.Replicas[2].LastError = `Get "http://127.0.0.1:8003/metrics": dial tcp 127.0.0.1:8003: connect: connection refused`
+				c.Replicas[2].Out = []string{"poll failure"}
+			},
+			row:   2,
+			cells: map[string]string{"state": "unreachable: dial tcp 127.0.0.1:8003: connect: connection refused · last seen now · out: poll failure"},
+			ok:    false,
 		},
 		{
 			name:   "reachable but taken out by the proxy",
 			change: func(c *Card) { c.Replicas[3].Available = false },
 			row:    3,
-			cells:  map[string]string{"state": "reachable, marked unavailable by the proxy"},
+			cells:  map[string]string{"state": "out: marked unavailable by the proxy"},
 			ok:     false,
+		},
+		{
+			name: "out for proxy errors",
+			change: func(c *Card) {
+				c.Replicas[3].Available = false
+				c.Replicas[3].Out = []string{"proxy errors until 19:00:05"}
+			},
+			row:   3,
+			cells: map[string]string{"state": "out: proxy errors until 19:00:05"},
+			ok:    false,
 		},
 	}
 	for _, tc := range tests {
@@ -287,6 +308,19 @@ func TestUICardView(t *testing.T) {
 			}
 			if !v.Writable {
 				t.Error("writable lost")
+			}
+			// the store line only with a store
+			if _, has := v.Head["store"]; has != (tc.head["store"] != "") {
+				t.Errorf("store line shown %v, want %v", has, tc.head["store"] != "")
+			}
+			// every column the page draws has its cell in every row
+			if len(v.Columns) == 0 || v.Columns[0].Key != "state" {
+				t.Errorf("columns %+v: want the status first", v.Columns)
+			}
+			for _, c := range v.Columns {
+				if _, ok := r.Cells[c.Key]; !ok || c.Label == "" || c.Group == "" {
+					t.Errorf("column %+v: cell present %v", c, ok)
+				}
 			}
 		})
 	}

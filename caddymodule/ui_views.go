@@ -32,12 +32,53 @@ type uiModelRow struct {
 }
 
 type uiCardView struct {
-	Model    string           `json:"model"`
-	Writable bool             `json:"writable"`
-	Warning  string           `json:"warning"` // "" when none
+	Model    string `json:"model"`
+	Writable bool   `json:"writable"`
+	Warning  string `json:"warning"` // "" when none
+	// Head holds the figures above the table; a key that is absent (the
+	// store without a shared store) hides its line.
 	Head     map[string]uiVal `json:"head"`
 	Since    uiVal            `json:"since"`
+	Columns  []uiColumn       `json:"columns"`
 	Replicas []uiReplicaRow   `json:"replicas"`
+}
+
+// uiColumn is one column of the card's replica table. The page draws the
+// table's head and every row's cells from the view's list, in its order,
+// so a new counter is one entry here and one cell in buildCardView.
+type uiColumn struct {
+	Key   string `json:"key"`   // the cell's key in uiReplicaRow.Cells
+	Label string `json:"label"` // the column's heading
+	Title string `json:"title,omitempty"`
+	Group string `json:"group"` // the heading above a run of columns
+}
+
+// uiReplicaColumns are the replica table's columns after the replica's
+// name, in the order an operator reads them in an incident: whether the
+// replica can be chosen, how loaded it is, how well its cache serves, and
+// what the router decided.
+var uiReplicaColumns = []uiColumn{
+	{Key: "state", Label: "Status", Group: "Status",
+		Title: "available, or out and why (poll failure, proxy errors with the cool-down's end, health check); unreachable when its metrics cannot be read"},
+	{Key: "held", Label: "Held", Group: "Load", Title: "requests in flight through this router on the replica"},
+	{Key: "run_wait", Label: "Running / waiting", Group: "Load", Title: "the engine's num_requests_running / num_requests_waiting"},
+	{Key: "kv", Label: "KV in use", Group: "Load", Title: "the engine's KV cache usage"},
+	{Key: "working_set", Label: "Working set / KV", Group: "Load",
+		Title: "context held by the conversations admission counts on the replica (each at what conversations grow to) against its KV cache; full while it takes no new conversation"},
+	{Key: "hit", Label: "Prefix hit rate", Group: "Cache", Title: "cached / queried prompt tokens over the last minute, the engine's counters"},
+	{Key: "delivered", Label: "Delivered / predicted", Group: "Cache",
+		Title: "cached tokens the engine delivered on sticky turns, as a share of what the bindings predicted"},
+	{Key: "bindings", Label: "Bindings (recent)", Group: "Decisions",
+		Title: "conversations bound to the replica (of those, with a turn within active_window)"},
+	{Key: "sticky", Label: "Sticky", Group: "Decisions", Title: "turns that stayed on their replica"},
+	{Key: "spill_accepted", Label: "Spill-accepted", Group: "Decisions", Title: "conversations moved here from a replica over the spill threshold"},
+	{Key: "spill_declined", Label: "Spill-declined", Group: "Decisions",
+		Title: "turns that stayed over the spill threshold: moving was not expected to bring their first token sooner"},
+	{Key: "client_pinned", Label: "Client-pinned", Group: "Decisions", Title: "requests a client pinned here"},
+	{Key: "restarted", Label: "Restarted", Group: "Decisions", Title: "conversations placed anew because their start changed (compacted, cleared)"},
+	{Key: "side", Label: "Side", Group: "Decisions", Title: "side requests: another start under a bound conversation's key (a session title, a summary, a probe), routed without moving the conversation"},
+	{Key: "cold_replaced", Label: "Cold-replaced", Group: "Decisions", Title: "conversations placed anew because their replica no longer held their cache"},
+	{Key: "ended", Label: "Ended", Group: "Decisions", Title: "bindings dropped because the client ended the session"},
 }
 
 type uiReplicaRow struct {
@@ -160,40 +201,19 @@ func buildCardView(doc Card, now time.Time) uiCardView {
 			"bindings":     uiCount(doc.Bindings),
 			"max_num_seqs": uiCount(doc.MaxNumSeqs),
 			"admission":    uiAdmission(doc.Admission),
-			"store":        uiStore(doc.Store),
 		},
 		Warning: doc.Warning,
 		Since: uiVal{V: doc.Since, T: "counters since " + doc.Since.UTC().Format("2006-01-02 15:04:05 UTC") +
 			" (" + humanize.RelTime(doc.Since, now, "ago", "from now") + ")"},
+		Columns:  uiReplicaColumns,
 		Replicas: make([]uiReplicaRow, 0, len(doc.Replicas)),
 	}
+	if doc.Store != nil {
+		v.Head["store"] = uiStore(doc.Store)
+	}
 	for _, r := range doc.Replicas {
-		state := uiVal{V: "reachable", T: "reachable"}
 		ok := r.Reachable && r.Available
-		switch {
-		case !r.Reachable:
-			msg := r.LastError
-			if msg == "" {
-				msg = "unreachable"
-			}
-			if r.LastSeen != nil {
-				msg += " · last seen " + humanize.RelTime(*r.LastSeen, now, "ago", "from now")
-			}
-			state = uiVal{V: "unreachable", T: msg}
-		case !r.Available && len(r.Out) == 0:
-			state = uiVal{V: "unavailable", T: "reachable, marked unavailable by the proxy"}
-		case !r.Available:
-			state = uiVal{V: "unavailable", T: "reachable, out: " + strings.Join(r.Out, ", ")}
-		}
-		if !r.Reachable && len(r.Out) > 0 {
-			state.T += " · out: " + strings.Join(r.Out, ", ")
-		}
-		if r.Engine != "" {
-			state.T += " · " + r.Engine
-		}
-		if r.MetricsUnread != "" {
-			state.T += " · figures unknown: " + r.MetricsUnread
-		}
+		state := uiReplicaState(r, now)
 		v.Replicas = append(v.Replicas, uiReplicaRow{
 			ID: r.ID,
 			OK: ok,
@@ -211,11 +231,27 @@ func buildCardView(doc Card, now time.Time) uiCardView {
 				"side":           uiCount(r.Side),
 				"cold_replaced":  uiCount(r.ColdReplaced),
 				"ended":          uiCount(r.Ended),
-				"bindings":       {V: r.Bindings, T: humanize.Comma(int64(r.Bindings)) + " (" + humanize.Comma(int64(r.Active)) + " active)"},
+				"bindings":       {V: r.Bindings, T: humanize.Comma(int64(r.Bindings)) + " (" + humanize.Comma(int64(r.Active)) + " recent)"},
 				"working_set":    uiWorkingSet(r.WorkingSetTokens, r.KVCapacityTokens, r.Full),
 				"state":          state,
 			},
 		})
+	}
+	return v
+}
+
+// uiReplicaState renders whether a replica can be chosen: "available";
+// "out: proxy errors until 12:00:05" (the causes the router gives, or
+// "marked unavailable by the proxy"); "unreachable: <last error> · last
+// seen 1 minute ago", with the causes it is out for beside; then the
+// engine the replica's metrics name and which figures it does not give.
+func uiReplicaState(r ReplicaRow, now time.Time) uiVal {
+	v := uiReplicaAvailability(r, now)
+	if r.Engine != "" {
+		v.T += " · " + r.Engine
+	}
+	if r.MetricsUnread != "" {
+		v.T += " · figures unknown: " + r.MetricsUnread
 	}
 	return v
 }
@@ -237,6 +273,43 @@ func uiSpillDeclined(n uint64, id string, recent []SpillRow) uiVal {
 			humanize.FtoaWithDigits(c.MoveS, 1) + " s (" + humanize.Comma(int64(c.ContextTokens)) + " tokens)"
 	}
 	return v
+}
+
+// uiReplicaAvailability is the first part of the status: available, out
+// and why, or unreachable and since when.
+func uiReplicaAvailability(r ReplicaRow, now time.Time) uiVal {
+	if !r.Reachable {
+		msg := "unreachable"
+		if r.LastError != "" {
+			msg += ": " + uiShortError(r.LastError)
+		}
+		if r.LastSeen != nil {
+			msg += " · last seen " + humanize.RelTime(*r.LastSeen, now, "ago", "from now")
+		}
+		if len(r.Out) > 0 {
+			msg += " · out: " + strings.Join(r.Out, ", ")
+		}
+		return uiVal{V: "unreachable", T: msg}
+	}
+	switch {
+	case r.Available:
+		return uiVal{V: "available", T: "available"}
+	case len(r.Out) == 0:
+		return uiVal{V: "out", T: "out: marked unavailable by the proxy"}
+	}
+	return uiVal{V: "out", T: "out: " + strings.Join(r.Out, ", ")}
+}
+
+// uiShortError drops the request Go's HTTP client names at the start of
+// its errors (`Get "http://10.0.0.5:8000/metrics": `): the row already
+// says which replica it is.
+func uiShortError(msg string) string {
+	if rest, ok := strings.CutPrefix(msg, "Get \""); ok {
+		if i := strings.Index(rest, "\": "); i >= 0 {
+			return rest[i+3:]
+		}
+	}
+	return msg
 }
 
 // uiAdmission renders admission's state for the card's head: "on · 3
@@ -279,13 +352,13 @@ const uiChartPoints = 360
 // model's hour share for all replicas (the figure of the models list), the
 // share over the chart's steps for one replica.
 // uiDelivered renders the delivered share of the predicted cached tokens,
-// e.g. "97.5% (12,000 of 12,300)"; "none yet" before a sticky turn was measured.
+// e.g. "97.5% (12 k of 12.3 k)"; "none yet" before a sticky turn was measured.
 func uiDelivered(share *float64, delivered, predicted uint64) uiVal {
 	if share == nil {
 		return uiVal{V: nil, T: "none yet"}
 	}
 	return uiVal{V: *share, T: uiPct(*share).T + " (" +
-		humanize.Comma(int64(delivered)) + " of " + humanize.Comma(int64(predicted)) + ")"}
+		uiTokenCount(delivered).T + " of " + uiTokenCount(predicted).T + ")"}
 }
 
 func buildStatsView(model, replica string, ch PageChart) uiStatsView {
@@ -355,11 +428,9 @@ func uiNiceCeil(f float64) float64 {
 }
 
 // uiStore renders the shared binding store's state, e.g. "redis
-// 10.0.0.9:6379 · connected · 0 errors · 0 fallbacks"; "none" without one.
+// 10.0.0.9:6379 · connected · 0 errors · 0 fallbacks". Without a store the
+// card has no store line.
 func uiStore(st *StoreStatus) uiVal {
-	if st == nil {
-		return uiVal{V: nil, T: "none (this instance's own bindings)"}
-	}
 	state := "connected"
 	if !st.Connected {
 		state = "unreachable, routing with this instance's bindings"

@@ -38,8 +38,16 @@ func TestParseMetricsDialectFixtures(t *testing.T) {
 		// The same server before its first request: its counters have no
 		// sample yet, so they are unknown (the window starts at the first).
 		{"sim_eec055a_fresh.txt", EngineMetrics{Engine: "0", Dialect: DialectVLLM, ModelName: "qwen3-4b",
-			Present: FigRunning | FigWaiting | FigKVUsage | FigCacheConfig,
+			Present:   FigRunning | FigWaiting | FigKVUsage | FigCacheConfig,
 			BlockSize: 16, NumGPUBlocks: 4096, KVCapacityTokens: 65536}},
+		// llama.cpp's llama-server --metrics, captured (node-llama-cpp
+		// 3.22.1's source, commit de3ff815) after four requests: 1941 prompt
+		// tokens, 1401 of them cached (its usage said 0+453+496+452), 540
+		// computed, which is what its prompt counter counts. No KV figures:
+		// capacity comes from /props.
+		{"llamacpp.txt", EngineMetrics{Engine: "0", Dialect: DialectLlamaCpp,
+			Present:       AllFigures &^ (FigKVUsage | FigCacheConfig),
+			PrefixQueries: 1941, PrefixHits: 1401, PromptTokens: 1941, GenerationTokens: 16}},
 		// Batch and queue only; no prefix, KV, token counters or capacity.
 		{"tgi.txt", EngineMetrics{Engine: "0", Dialect: DialectTGI, Present: FigRunning | FigWaiting, Running: 6, Waiting: 4}},
 	}

@@ -159,12 +159,12 @@ type urlState struct {
 
 type targetState struct {
 	stats    ReplicaStats
-	havePrev [2]bool    // prev holds a value of that counter
+	havePrev [2]bool // prev holds a value of that counter
 	// without: a good poll found the server without that counter: one that
 	// appears later started from 0 then (a client_golang counter has no
 	// sample before its first increment), so all of it is new traffic
 	without [2]bool
-	prev     [2]float64 // prefix queries, hits
+	prev    [2]float64 // prefix queries, hits
 	// missing is the set of figures last logged as absent.
 	missing Figures
 	// unread is the Unread reason last logged ("" when the last poll read

@@ -459,3 +459,34 @@ func TestPollerCountersAppearingLater(t *testing.T) {
 	}
 }
 
+// llama.cpp: the KV capacity from /props (captured: 2 slots of 4096), read
+// once, not every round.
+func TestPollerLlamaCppCapacityFromProps(t *testing.T) {
+	props := readFixture(t, "llamacpp_props.json")
+	metrics := readFixture(t, "llamacpp.txt")
+	var propsHits atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/metrics":
+			fmt.Fprint(w, metrics)
+		case "/props":
+			propsHits.Add(1)
+			fmt.Fprint(w, props)
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	defer srv.Close()
+	p := NewPoller(PollerConfig{Targets: []Target{{ID: "l", BaseURL: srv.URL}}, Interval: time.Second})
+	defer p.Stop()
+	for range 3 {
+		p.round()
+	}
+	r := mustReplica(t, p, "l")
+	if r.Dialect != DialectLlamaCpp || !r.Metrics.Present.Has(FigCacheConfig) || r.Metrics.KVCapacityTokens != 8192 {
+		t.Fatalf("llama.cpp replica: %+v", r)
+	}
+	if n := propsHits.Load(); n != 1 {
+		t.Fatalf("/props read %d times in 3 rounds, want once", n)
+	}
+}

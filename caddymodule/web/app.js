@@ -52,12 +52,15 @@
     Object.keys(have).forEach(function (k) { tbody.removeChild(have[k]); });
   }
 
-  function row(cols, first) {
+  // row makes a table row of one cell per column key; labels, when given,
+  // go into data-label (the narrow layout shows them beside the values).
+  function row(cols, first, labels) {
     var tr = document.createElement("tr");
     cols.forEach(function (c, i) {
       var td = document.createElement(i === 0 ? "th" : "td");
       if (i === 0) { td.scope = "row"; if (first) { td.appendChild(first); } }
       td.dataset.col = c;
+      if (labels && labels[i]) { td.dataset.label = labels[i]; }
       tr.appendChild(td);
     });
     return tr;
@@ -91,13 +94,53 @@
     $("empty").hidden = (view.models || []).length > 0;
   }
 
-  // Card page.
-  var replicaCols = ["id", "held", "sticky", "spill_accepted", "spill_declined", "client_pinned", "run_wait", "kv", "hit", "delivered", "restarted", "side", "cold_replaced", "ended", "bindings", "working_set", "state"];
+  // Card page. The replica table's columns come with the view (one list
+  // in Go): a group heading row, then a heading per column.
+  var replicaCols = [];
+  var replicaLabels = [];
   var writable = false;
   var affinityOn = null;
 
+  function heading(table, columns) {
+    var keys = ["id"].concat(columns.map(function (c) { return c.key; }));
+    if (keys.join(",") === replicaCols.join(",")) { return false; }
+    replicaCols = keys;
+    replicaLabels = ["Replica"].concat(columns.map(function (c) { return c.label; }));
+    var thead = table.tHead;
+    while (thead.rows.length) { thead.deleteRow(0); }
+    var groups = thead.insertRow(), names = thead.insertRow();
+    groups.className = "groups";
+    var first = document.createElement("th");
+    first.scope = "col";
+    first.rowSpan = 2;
+    first.textContent = "Replica";
+    groups.appendChild(first);
+    columns.forEach(function (c, i) {
+      if (i === 0 || columns[i - 1].group !== c.group) {
+        var g = document.createElement("th");
+        g.scope = "colgroup";
+        g.colSpan = columns.filter(function (d) { return d.group === c.group; }).length;
+        g.textContent = c.group;
+        g.dataset.group = c.group;
+        groups.appendChild(g);
+      }
+      var th = document.createElement("th");
+      th.scope = "col";
+      th.textContent = c.label;
+      th.dataset.col = c.key;
+      if (c.title) { th.title = c.title; }
+      names.appendChild(th);
+    });
+    return true;
+  }
+
   function renderCard(view) {
     Object.keys(view.head).forEach(function (k) { set($("h-" + k), view.head[k]); });
+    // a figure the view leaves out (the store, without one) hides its line
+    document.querySelectorAll(".head dd").forEach(function (dd) {
+      var hide = !(dd.id.slice(2) in view.head);
+      if (dd.parentNode.hidden !== hide) { dd.parentNode.hidden = hide; }
+    });
     set($("since"), view.since);
     var warn = $("warning");
     if (warn.textContent !== (view.warning || "")) { warn.textContent = view.warning || ""; }
@@ -111,10 +154,13 @@
     if (btn.textContent !== label) { btn.textContent = label; }
 
     var tbody = $("replicas").tBodies[0];
+    if (heading($("replicas"), view.columns || [])) {
+      while (tbody.rows.length) { tbody.deleteRow(0); }
+    }
     syncRows(tbody, view.replicas, function (r) { return r.id; }, function (r) {
       var s = document.createElement("span");
       s.textContent = r.id;
-      return row(replicaCols, s);
+      return row(replicaCols, s, replicaLabels);
     });
     view.replicas.forEach(function (r, i) {
       var tr = tbody.rows[i];

@@ -100,8 +100,8 @@ func addCommon(fs *flag.FlagSet, c *common, w bench.Workload, stageLength, warmu
 	fs.DurationVar(&c.w.Think, "think", w.Think, "mean client pause between turns, engine time (0: none)")
 	fs.StringVar(&c.w.Model, "model", w.Model, "model name sent in requests (and LM Warden's model)")
 	fs.StringVar(&c.stages, "stages", "4,8,16,24,32", "concurrent sessions of each stage, comma-separated")
-	fs.StringVar(&c.modes, "modes", modes, "routing modes run per stage: vllm-dp, off, on, admit, lifecycle (sim and demo), least_conn, round_robin, header")
-	fs.BoolVar(&c.compare, "compare", false, "run all modes: vllm-dp, off, on, admit, lifecycle (sim), least_conn, round_robin, header")
+	fs.StringVar(&c.modes, "modes", modes, "routing modes run per stage: vllm-dp, off, on (affinity alone), admit, lifecycle (sim and demo), default (LM Warden as shipped: affinity, admission and lifecycle checks on), least_conn, round_robin, header")
+	fs.BoolVar(&c.compare, "compare", false, "run all modes: vllm-dp, off, on, admit, lifecycle (sim), default, least_conn, round_robin, header")
 	fs.DurationVar(&c.stageLength, "stage-length", stageLength, "measured length of a stage, engine time")
 	fs.DurationVar(&c.warmup, "warmup", warmup, "warm-up before each stage's measurement, engine time")
 	fs.Float64Var(&c.w.CompactShare, "compact-share", w.CompactShare, "share of sessions that compact their history into a summary (the same session ID, the history replaced by a summary)")
@@ -150,7 +150,7 @@ func (c *common) parse() (stages []int, modes []string, err error) {
 			ok = ok || x == m
 		}
 		if !ok {
-			return nil, nil, fmt.Errorf("unknown mode %q (vllm-dp, off, on, lifecycle, least_conn, round_robin, header)", m)
+			return nil, nil, fmt.Errorf("unknown mode %q (vllm-dp, off, on, admit, lifecycle, default, least_conn, round_robin, header)", m)
 		}
 		modes = append(modes, m)
 	}
@@ -186,7 +186,7 @@ func runDemo(ctx context.Context, args []string) error {
 	var c common
 	addCommon(fs, &c, d.Workload, d.StageLength, d.Warmup, strings.Join(d.Modes, ","))
 	fs.IntVar(&d.Engine.MaxNumSeqs, "max-num-seqs", d.Engine.MaxNumSeqs, "max_num_seqs per replica")
-	full := fs.Bool("full", false, "3-minute stages after a 1-minute warm-up (about 4½ minutes at 10x)")
+	full := fs.Bool("full", false, "3-minute stages after a 1-minute warm-up (about 6 minutes at 10x for the three default modes)")
 	fs.Float64Var(&d.Speed, "speed", d.Speed, "emulator speed: engine seconds per wall second")
 	fs.IntVar(&d.Replicas, "replicas", d.Replicas, "emulated replicas")
 	fs.StringVar(&d.Admin, "admin", d.Admin, "Caddy's admin address (the routing card is at /lm-warden/)")

@@ -11,18 +11,29 @@ package bench
 // with the handler's restart detection off and lifecycle with it on (LM
 // Warden's default); feedback and cold marking are always on in Caddy;
 // ModeAdmit is affinity on with working-set admission (new conversations
-// wait at the router while they fit no replica's KV cache). The others are
-// Caddy's own selection policies.
+// wait at the router while they fit no replica's KV cache); ModeDefault is
+// LM Warden as shipped, a Caddyfile naming only the model: affinity,
+// admission and the lifecycle checks all on. The others are Caddy's own
+// selection policies.
 const (
 	ModeVLLMDP     = "vllm-dp"
 	ModeOff        = "off"
 	ModeOn         = "on"
 	ModeLifecycle  = "lifecycle"
-	ModeAdmit      = "admit" // affinity on with working-set admission
+	ModeAdmit      = "admit"   // affinity on with working-set admission
+	ModeDefault    = "default" // LM Warden's defaults: admission and lifecycle checks on
 	ModeLeastConn  = "least_conn"
 	ModeRoundRobin = "round_robin"
 	ModeHeader     = "header" // rendezvous hash of X-Claude-Code-Session-Id
 )
 
 // CompareModes are the modes of --compare, in the order they run.
-var CompareModes = []string{ModeVLLMDP, ModeOff, ModeOn, ModeAdmit, ModeLifecycle, ModeLeastConn, ModeRoundRobin, ModeHeader}
+var CompareModes = []string{ModeVLLMDP, ModeOff, ModeOn, ModeAdmit, ModeLifecycle, ModeDefault, ModeLeastConn, ModeRoundRobin, ModeHeader}
+
+// Admits tells whether a mode runs with working-set admission.
+func Admits(mode string) bool { return mode == ModeAdmit || mode == ModeDefault }
+
+// ChecksLifecycle tells whether a mode runs with the conversation
+// lifecycle checks (restart detection, counter resets marking bindings
+// cold).
+func ChecksLifecycle(mode string) bool { return mode == ModeLifecycle || mode == ModeDefault }

@@ -75,8 +75,10 @@ func (r *Report) SessionCounts() []int {
 	return ns
 }
 
-// WriteTable prints the reference measurement's table: one row per session count with
-// "off → on" pairs, then, when the run has other modes, one row per stage.
+// WriteTable prints the reference measurement's table: one row per session
+// count with "base → LM Warden" pairs, LM Warden being its defaults
+// (ModeDefault) when the run has them, else affinity on; then, when the run
+// has other modes, one row per stage.
 func (r *Report) WriteTable(w io.Writer) error {
 	var b strings.Builder
 	modes := r.Modes()
@@ -88,18 +90,23 @@ func (r *Report) WriteTable(w io.Writer) error {
 		}
 		return false
 	}
-	// The headline pairs vLLM's own balancer with affinity on, as the
-	// reference measurement did; without it, LM Warden's affinity off.
+	// The headline pairs vLLM's own balancer with LM Warden as shipped
+	// (affinity on, as the reference measurement did, when the run has no
+	// default mode); without vLLM's balancer, LM Warden's affinity off.
 	base := ModeVLLMDP
 	if !has(base) {
 		base = ModeOff
 	}
-	if has(base) && has(ModeOn) {
-		fmt.Fprintf(&b, "| Sessions | Sessions/h %[1]s → on | Output tok/min %[1]s → on | TTFB p50 %[1]s → on (s) | TTFB p95 %[1]s → on (s) | Replicas busy %[1]s → on | Prefix hits %[1]s → on (%%) | Stayed on replica %[1]s → on (%%) | Requests (errors) %[1]s → on |\n", base)
+	lmw := ModeDefault
+	if !has(lmw) {
+		lmw = ModeOn
+	}
+	if has(base) && has(lmw) {
+		fmt.Fprintf(&b, "| Sessions | Sessions/h %[1]s → %[2]s | Output tok/min %[1]s → %[2]s | TTFB p50 %[1]s → %[2]s (s) | TTFB p95 %[1]s → %[2]s (s) | Replicas busy %[1]s → %[2]s | Prefix hits %[1]s → %[2]s (%%) | Stayed on replica %[1]s → %[2]s (%%) | Requests (errors) %[1]s → %[2]s |\n", base, lmw)
 		b.WriteString("|---|---|---|---|---|---|---|---|---|\n")
 		for _, n := range r.SessionCounts() {
 			off, ok1 := r.Find(base, n)
-			on, ok2 := r.Find(ModeOn, n)
+			on, ok2 := r.Find(lmw, n)
 			if !ok1 || !ok2 {
 				continue
 			}
@@ -114,7 +121,7 @@ func (r *Report) WriteTable(w io.Writer) error {
 				freq(off), freq(on))
 		}
 	}
-	if len(modes) > 2 || !has(base) || !has(ModeOn) {
+	if len(modes) > 2 || !has(base) || !has(lmw) {
 		if b.Len() > 0 {
 			b.WriteString("\n")
 		}
@@ -155,9 +162,9 @@ func (r *Report) writeTurnTable(b *strings.Builder) {
 			if !ok {
 				continue
 			}
-			fmt.Fprintf(b, "| %d | %s | %s / %s | %s / %s | %s / %s | %s / %s | %d |\n", n, s.Mode,
+			fmt.Fprintf(b, "| %d | %s | %s / %s | %s / %s | %s / %s | %s | %d |\n", n, s.Mode,
 				fsec(s.TTFBFirstP50S), fsec(s.TTFBFirstP95S), fsec(s.TTFBLaterP50S), fsec(s.TTFBLaterP95S),
-				fsec(s.WaitFirstP50S), fsec(s.WaitFirstP95S), fsec(s.CompletionP50S), fsec(s.CompletionP95S), s.CompletedCounts)
+				fsec(s.WaitFirstP50S), fsec(s.WaitFirstP95S), fcompletion(s), s.CompletedCounts)
 		}
 	}
 }
@@ -185,6 +192,15 @@ func fsec(v float64) string {
 		return fmt.Sprintf("%.2f", v)
 	}
 	return fmt.Sprintf("%.1f", v)
+}
+
+// fcompletion renders a stage's completion p50 / p95, "—" when no session
+// completed in it (there is no time to show, not a time of 0).
+func fcompletion(s Stage) string {
+	if s.CompletedCounts == 0 {
+		return "—"
+	}
+	return fsec(s.CompletionP50S) + " / " + fsec(s.CompletionP95S)
 }
 
 func freq(s Stage) string { return fmt.Sprintf("%d (%d)", s.Requests, s.Errors) }

@@ -87,7 +87,7 @@ func TestReportFilesAndCharts(t *testing.T) {
 					img, err := png.Decode(f)
 					if err != nil {
 						t.Errorf("%s: %v", name, err)
-					} else if b := img.Bounds(); b.Dx() != 900 || b.Dy() != 500 {
+					} else if b := img.Bounds(); b.Dx() != 1060 || b.Dy() != 500 {
 						t.Errorf("%s is %v", name, b)
 					}
 				}
@@ -101,6 +101,65 @@ func TestNiceCeil(t *testing.T) {
 	for _, tc := range []struct{ in, want float64 }{{0, 1}, {3.7, 5}, {4, 5}, {12000, 20000}, {100, 100}, {0.03, 0.05}} {
 		if got := niceCeil(tc.in); got != tc.want {
 			t.Errorf("niceCeil(%g) = %g, want %g", tc.in, got, tc.want)
+		}
+	}
+}
+
+func TestReportTableHeadlineIsTheDefault(t *testing.T) {
+	r := &Report{Kind: "http", Speed: 10}
+	for i, m := range []string{ModeVLLMDP, ModeDefault, ModeOn} {
+		r.Stages = append(r.Stages, Stage{Mode: m, Sessions: 8, SessionsPerHour: float64(100 * (i + 1)), TTFBP50S: 1, TTFBP95S: 2,
+			CompletedCounts: i, CompletionP50S: 30, CompletionP95S: 40})
+	}
+	var b bytes.Buffer
+	if err := r.WriteTable(&b); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	for _, want := range []string{
+		"| Sessions | Sessions/h vllm-dp → default |",
+		"| 8 | 100 → 200 |",
+		"| 8 | on | ",                       // affinity alone in the per-stage table
+		"| 0.00 / 0.00 | — | 0 |",           // no session completed: no completion time
+		"| 0.00 / 0.00 | 30.0 / 40.0 | 1 |", // one did
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+func TestReportTimeBase(t *testing.T) {
+	for _, tc := range []struct {
+		r    Report
+		want string
+	}{
+		{Report{Kind: "sim"}, "engine seconds, virtual clock"},
+		{Report{Kind: "http", Speed: 10}, "engine seconds, emulator 10× speed"},
+		{Report{Kind: "http", Speed: 1}, "wall-clock seconds"},
+	} {
+		if got := tc.r.timeBase(); got != tc.want {
+			t.Errorf("%+v: time base %q, want %q", tc.r, got, tc.want)
+		}
+	}
+}
+
+func TestIntTicks(t *testing.T) {
+	for _, tc := range []struct {
+		top  float64
+		want string
+	}{
+		{5, "0 1 2 3 4 5"},
+		{100, "0 20 40 60 80 100"},
+		{20000, "0 5,000 10,000 15,000 20,000"},
+		{1, "0 1"},
+	} {
+		var labels []string
+		for _, tk := range intTicks(tc.top) {
+			labels = append(labels, tk.Label)
+		}
+		if got := strings.Join(labels, " "); got != tc.want {
+			t.Errorf("intTicks(%g) = %q, want %q", tc.top, got, tc.want)
 		}
 	}
 }

@@ -57,7 +57,7 @@ type SimConfig struct {
 }
 
 // DefaultSimConfig is the reference measurement's sweep: 4 replicas of the
-// calibrated engine, stages 4–32, affinity off then on, 3-minute stages
+// calibrated engine, stages 4–32, vLLM's balancer, LM Warden as shipped, affinity alone, 3-minute stages
 // after a 30-second warm-up.
 func DefaultSimConfig() SimConfig {
 	return SimConfig{
@@ -65,7 +65,7 @@ func DefaultSimConfig() SimConfig {
 		Engine:       emulator.DefaultEngineConfig(),
 		Replicas:     4,
 		Stages:       []int{4, 8, 16, 24, 32},
-		Modes:        []string{ModeVLLMDP, ModeOn},
+		Modes:        []string{ModeVLLMDP, ModeDefault, ModeOn},
 		StageLength:  3 * time.Minute,
 		Warmup:       30 * time.Second,
 		PollInterval: time.Second,
@@ -234,7 +234,7 @@ func (s *simulator) stage(mode string, n int) (Stage, error) {
 	if PolicyOf(mode) == "lm_warden" {
 		c := s.router.Config()
 		c.AffinityOff = mode == ModeOff
-		c.AdmissionOff = mode != ModeAdmit
+		c.AdmissionOff = !Admits(mode)
 		s.router.Reconfigure(c)
 	}
 	first := len(s.turns)
@@ -300,7 +300,7 @@ func (s *simulator) stage(mode string, n int) (Stage, error) {
 		if nextPoll < next || (nextPoll == next && which < 0) {
 			s.now = nextPoll
 			s.poll()
-			if mode == ModeAdmit {
+			if Admits(mode) {
 				s.router.AdmitWaiting(simEpoch.Add(s.now))
 				s.admitted(slots)
 			}
@@ -350,7 +350,7 @@ func (s *simulator) stage(mode string, n int) (Stage, error) {
 // PolicyOf names the router behind a mode in reports: lm_warden for affinity
 // off and on, vllm_dp for vLLM's own balancer, else the Caddy policy.
 func PolicyOf(mode string) string {
-	if mode == ModeOff || mode == ModeOn || mode == ModeLifecycle || mode == ModeAdmit {
+	if mode == ModeOff || mode == ModeOn || mode == ModeLifecycle || mode == ModeAdmit || mode == ModeDefault {
 		return "lm_warden"
 	}
 	if mode == ModeVLLMDP {
@@ -568,7 +568,7 @@ func (s *simulator) route(key string, start uint64, tokens int) (int, placement.
 		}
 		return best, 0, noRelease, nil
 	}
-	if s.mode != ModeLifecycle {
+	if !ChecksLifecycle(s.mode) {
 		start = 0 // LM Warden without the lifecycle checks
 	}
 	// Admit routes as Route does unless admission is on (the admit mode)
@@ -613,7 +613,7 @@ func (s *simulator) poll() {
 	}
 	for _, e := range s.engines {
 		st := e.e.Stats()
-		if last != nil && s.mode == ModeLifecycle && float64(st.PrefixQueries) < last.Replicas[e.id].Queries {
+		if last != nil && ChecksLifecycle(s.mode) && float64(st.PrefixQueries) < last.Replicas[e.id].Queries {
 			// The counters went back: the replica restarted, as the
 			// poller sees it; its bindings are cold.
 			s.router.ColdReplicaSince(e.id, simEpoch.Add(last.At))

@@ -112,6 +112,7 @@ func TestSimDeterministic(t *testing.T) {
 func TestSimOverloadIsKVBound(t *testing.T) {
 	cfg := DefaultSimConfig()
 	cfg.Stages = []int{24}
+	cfg.Modes = []string{ModeVLLMDP, ModeOn} // the policies without admission
 	cfg.StageLength, cfg.Warmup = 90*time.Second, 30*time.Second
 	var details []SimDetail
 	cfg.Detail = func(d SimDetail) { details = append(details, d) }
@@ -231,6 +232,7 @@ func TestSimCalibration(t *testing.T) {
 		t.Skip("full sweep")
 	}
 	cfg := DefaultSimConfig()
+	cfg.Modes = []string{ModeVLLMDP, ModeOn} // the reference measurement's two
 	rep := simLogged(t, cfg)
 	get := func(mode string, n int, col string) float64 {
 		st, ok := rep.Find(mode, n)
@@ -389,32 +391,36 @@ func TestSimRestartLosesTurns(t *testing.T) {
 func TestSimAdmission(t *testing.T) {
 	cfg := DefaultSimConfig()
 	cfg.Stages = []int{8, 24}
-	cfg.Modes = []string{ModeOn, ModeAdmit}
+	cfg.Modes = []string{ModeOn, ModeAdmit, ModeDefault}
 	rep := simLogged(t, cfg)
 	on8, _ := rep.Find(ModeOn, 8)
-	ad8, _ := rep.Find(ModeAdmit, 8)
-	if ad8.WaitFirstP95S != 0 {
-		t.Errorf("8 sessions: first turns waited %.2fs (p95) at the router; everything fits, nobody should wait", ad8.WaitFirstP95S)
-	}
-	if ad8.PrefixHitPct < on8.PrefixHitPct-2 {
-		t.Errorf("8 sessions: prefix hits with admission %.1f%% < without %.1f%%", ad8.PrefixHitPct, on8.PrefixHitPct)
-	}
 	on, _ := rep.Find(ModeOn, 24)
-	ad, _ := rep.Find(ModeAdmit, 24)
-	if ad.Errors != 0 || on.Errors != 0 {
-		t.Errorf("24 sessions: errors on %d admit %d", on.Errors, ad.Errors)
-	}
-	if ad.PrefixHitPct < 75 {
-		t.Errorf("24 sessions: prefix hits with admission %.1f%%, want ≥ 75%% (without: %.1f%%)", ad.PrefixHitPct, on.PrefixHitPct)
-	}
-	if ad.OutputTokensPerMin < 1.2*on.OutputTokensPerMin {
-		t.Errorf("24 sessions: output %.0f tok/min with admission, %.0f without; want ≥ 1.2×", ad.OutputTokensPerMin, on.OutputTokensPerMin)
-	}
-	if ad.TTFBLaterP50S > 1 {
-		t.Errorf("24 sessions: later turns' TTFB p50 %.2fs with admission, want ≤ 1s", ad.TTFBLaterP50S)
-	}
-	if ad.WaitFirstP50S <= 0 {
-		t.Errorf("24 sessions: no first turn waited at the router; admission did not hold anything")
+	// the default mode (admission and the lifecycle checks on) is held to
+	// the same as admission alone
+	for _, m := range []string{ModeAdmit, ModeDefault} {
+		ad8, _ := rep.Find(m, 8)
+		if ad8.WaitFirstP95S != 0 {
+			t.Errorf("%s, 8 sessions: first turns waited %.2fs (p95) at the router; everything fits, nobody should wait", m, ad8.WaitFirstP95S)
+		}
+		if ad8.PrefixHitPct < on8.PrefixHitPct-2 {
+			t.Errorf("%s, 8 sessions: prefix hits with admission %.1f%% < without %.1f%%", m, ad8.PrefixHitPct, on8.PrefixHitPct)
+		}
+		ad, _ := rep.Find(m, 24)
+		if ad.Errors != 0 || on.Errors != 0 {
+			t.Errorf("%s, 24 sessions: errors on %d admit %d", m, on.Errors, ad.Errors)
+		}
+		if ad.PrefixHitPct < 75 {
+			t.Errorf("%s, 24 sessions: prefix hits with admission %.1f%%, want ≥ 75%% (without: %.1f%%)", m, ad.PrefixHitPct, on.PrefixHitPct)
+		}
+		if ad.OutputTokensPerMin < 1.2*on.OutputTokensPerMin {
+			t.Errorf("%s, 24 sessions: output %.0f tok/min with admission, %.0f without; want ≥ 1.2×", m, ad.OutputTokensPerMin, on.OutputTokensPerMin)
+		}
+		if ad.TTFBLaterP50S > 1 {
+			t.Errorf("%s, 24 sessions: later turns' TTFB p50 %.2fs with admission, want ≤ 1s", m, ad.TTFBLaterP50S)
+		}
+		if ad.WaitFirstP50S <= 0 {
+			t.Errorf("%s, 24 sessions: no first turn waited at the router; admission did not hold anything", m)
+		}
 	}
 }
 

@@ -64,7 +64,7 @@ func (c *CaddySwitcher) do(ctx context.Context, method, path string, body []byte
 // SetMode switches Caddy to mode.
 func (c *CaddySwitcher) SetMode(ctx context.Context, mode string) error {
 	switch mode {
-	case ModeOff, ModeOn, ModeAdmit:
+	case ModeOff, ModeOn, ModeAdmit, ModeDefault:
 		if c.replaced {
 			if _, err := c.do(ctx, http.MethodPatch, c.LBPath, c.original); err != nil {
 				return fmt.Errorf("restoring the lm_warden policy: %w", err)
@@ -76,7 +76,7 @@ func (c *CaddySwitcher) SetMode(ctx context.Context, mode string) error {
 		if _, err := c.do(ctx, http.MethodPut, base+"/affinity", body); err != nil {
 			return err
 		}
-		body, _ = json.Marshal(map[string]bool{"admission": mode == ModeAdmit})
+		body, _ = json.Marshal(map[string]bool{"admission": Admits(mode)})
 		_, err := c.do(ctx, http.MethodPut, base+"/admission", body)
 		return err
 	}

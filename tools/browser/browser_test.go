@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -233,10 +234,25 @@ func browserExpectCard(t *testing.T, got browserCard, want caddymodule.Card) {
 		check(w.ID+" running/waiting", c["run_wait"], "["+runRaw+","+waitRaw+"]", runText+" / "+waitText)
 		check(w.ID+" KV", c["kv"], optNum(w.KVUsage), optPct(w.KVUsage))
 		check(w.ID+" prefix hit rate", c["hit"], optNum(w.PrefixHitRate), optPct(w.PrefixHitRate))
-		check(w.ID+" bindings", c["bindings"], strconv.Itoa(w.Bindings), fmt.Sprintf("%d (%d active)", w.Bindings, w.Active))
-		if w.Reachable {
-			check(w.ID+" status", c["state"], "reachable", map[bool]string{true: "reachable", false: "reachable, marked unavailable by the proxy"}[w.Available])
-		} else if c["state"].V != "unreachable" || (w.LastError != "" && !strings.HasPrefix(c["state"].T, w.LastError)) {
+		check(w.ID+" bindings", c["bindings"], strconv.Itoa(w.Bindings), fmt.Sprintf("%d (%d recent)", w.Bindings, w.Active))
+		// the engine the metrics name and the figures it does not give
+		// follow the availability
+		engine := ""
+		if w.Engine != "" {
+			engine += " · " + w.Engine
+		}
+		if w.MetricsUnread != "" {
+			engine += " · figures unknown: " + w.MetricsUnread
+		}
+		switch {
+		case w.Reachable && w.Available:
+			check(w.ID+" status", c["state"], "available", "available"+engine)
+		case w.Reachable && len(w.Out) == 0:
+			check(w.ID+" status", c["state"], "out", "out: marked unavailable by the proxy"+engine)
+		case w.Reachable:
+			check(w.ID+" status", c["state"], "out", "out: "+strings.Join(w.Out, ", ")+engine)
+		case c["state"].V != "unreachable" || !strings.HasPrefix(c["state"].T, "unreachable") ||
+			!strings.HasSuffix(w.LastError, strings.TrimPrefix(strings.SplitN(c["state"].T, " · ", 2)[0], "unreachable: ")):
 			t.Errorf("%s status %+v, admin JSON last error %q", w.ID, c["state"], w.LastError)
 		}
 	}
@@ -398,23 +414,147 @@ func TestBrowserPageFixture(t *testing.T) {
 		t.Errorf("per-replica share %q never shown: %v", one.Share.T, err)
 	}
 
-	// A narrow window scrolls the table, not the page.
-	if err := chromedp.Do(ctx, chromedp.EmulateViewport(420, 900)); err != nil {
+	// A narrow window wraps each replica into a block: nothing scrolls
+	// sideways and every status is on screen.
+	browserExpectFits(t, ctx, 420)
+	browserScreenshot(t, ctx, "routing-card-fixture-narrow.png")
+}
+
+// browserScreenshots is where TestBrowserCardWidths writes the README's
+// screenshots of the card (routing-card.png at 1,280 px and
+// routing-card-1920.png); go test runs in the package's directory, so a
+// relative path starts there:
+//
+//	cd tools && go test ./browser -run TestBrowserCardWidths -screenshots ../../docs
+var browserScreenshots = flag.String("screenshots", "", "directory to write the card's screenshots at 1,280 and 1,920 px into, relative to tools/browser (../../docs)")
+
+// browserLayout is where the card's parts are in the window.
+type browserLayout struct {
+	ViewportW float64 `json:"vw"`
+	DocW      float64 `json:"docW"`   // the page's scroll width
+	TableW    float64 `json:"tableW"` // the replica table's scroll width
+	TableBoxW float64 `json:"tableBoxW"`
+	Status    []struct {
+		Left, Right, Top, Bottom, Width float64
+		Text                            string
+	} `json:"status"`
+	StoreShown bool `json:"storeShown"`
+}
+
+const browserLayoutJS = `(() => {
+  const sc = document.querySelector(".scroll");
+  const status = [...document.querySelectorAll('#replicas tbody td[data-col="state"]')].map(td => {
+    const r = td.getBoundingClientRect();
+    return {Left: r.left, Right: r.right, Top: r.top, Bottom: r.bottom, Width: r.width, Text: td.textContent};
+  });
+  return {vw: window.innerWidth, docW: document.documentElement.scrollWidth, tableW: sc.scrollWidth,
+    tableBoxW: sc.clientWidth, status, storeShown: !document.getElementById("h-store").parentNode.hidden};
+})()`
+
+// browserExpectFits sets the window to width and checks that neither the
+// page nor the replica table scrolls sideways and that every replica's
+// status cell lies inside the window (its bounding box, as chromium laid
+// it out).
+func browserExpectFits(t *testing.T, ctx context.Context, width int64) browserLayout {
+	t.Helper()
+	if err := chromedp.Do(ctx, chromedp.EmulateViewport(width, 1000)); err != nil {
 		t.Fatal(err)
 	}
 	browserWaitRenders(t, ctx, 1)
-	layout, err := chromedp.Run(ctx, chromedp.Evaluate[map[string]float64](`(() => {
-	  const sc = document.querySelector(".scroll");
-	  return {scrollW: sc.scrollWidth, clientW: sc.clientWidth, docW: document.documentElement.scrollWidth, vw: window.innerWidth};
-	})()`))
+	l, err := chromedp.Run(ctx, chromedp.Evaluate[browserLayout](browserLayoutJS))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if layout["scrollW"] <= layout["clientW"] || layout["docW"] > layout["vw"] {
-		t.Errorf("narrow layout: table %v in %v, document %v in viewport %v", layout["scrollW"], layout["clientW"], layout["docW"], layout["vw"])
+	if l.DocW > l.ViewportW || l.TableW > l.TableBoxW {
+		t.Errorf("%d px: the page is %v px wide in a %v px window, the table %v px in %v px: it scrolls sideways",
+			width, l.DocW, l.ViewportW, l.TableW, l.TableBoxW)
 	}
-	browserScreenshot(t, ctx, "routing-card-fixture-narrow.png")
+	if len(l.Status) == 0 {
+		t.Fatalf("%d px: no status cells", width)
+	}
+	for _, st := range l.Status {
+		if st.Width <= 0 || st.Left < 0 || st.Right > l.ViewportW {
+			t.Errorf("%d px: status %q at x %.0f–%.0f, outside the %v px window", width, st.Text, st.Left, st.Right, l.ViewportW)
+		}
+	}
+	return l
 }
+
+// TestBrowserCardWidths lays the card out at 1,280 and 1,920 px with 4 and
+// 8 replicas (data-parallel names, one replica out for proxy errors, one
+// unreachable with a long error, full working sets): the status column is
+// on screen without scrolling and nothing scrolls sideways; without a
+// shared store there is no store line. With -screenshots it writes the
+// README's screenshots.
+func TestBrowserCardWidths(t *testing.T) {
+	ctx := newBrowserTab(t, 90*time.Second)
+	now := time.Now()
+	for _, n := range []int{4, 8} {
+		f := pagetest.New(now)
+		f.Edit(func(c *caddymodule.Card) { browserBusyCard(c, n, now) })
+		ts := httptest.NewServer(f.Handler(caddymodule.NewPage(f, browserRefresh)))
+		if err := chromedp.Do(ctx, chromedp.Navigate(ts.URL+"/lm-warden/ui/qwen3-4b")); err != nil {
+			t.Fatal(err)
+		}
+		browserWaitRenders(t, ctx, 1)
+		browserExpectCard(t, browserReadCard(t, ctx), browserFixtureCard(t, f))
+		for _, w := range []int64{1280, 1920} {
+			l := browserExpectFits(t, ctx, w)
+			if l.StoreShown {
+				t.Errorf("%d px: a store line without a shared store", w)
+			}
+			t.Logf("%d replicas at %d px: table %v px of %v, status cells x %.0f–%.0f", n, w, l.TableW, l.TableBoxW, l.Status[0].Left, l.Status[0].Right)
+			name := fmt.Sprintf("routing-card-%d-%dr.png", w, n)
+			path := browserScreenshot(t, ctx, name)
+			if *browserScreenshots != "" && n == 4 {
+				out := map[int64]string{1280: "routing-card.png", 1920: "routing-card-1920.png"}[w]
+				buf, _ := os.ReadFile(path)
+				if err := os.WriteFile(filepath.Join(*browserScreenshots, out), buf, 0o644); err != nil {
+					t.Fatal(err)
+				}
+				t.Logf("wrote %s", filepath.Join(*browserScreenshots, out))
+			}
+		}
+		// Below the table's width each replica wraps into a block.
+		browserExpectFits(t, ctx, 900)
+		ts.Close()
+	}
+}
+
+// browserBusyCard turns the fixture's card into n data-parallel engines
+// under load: working sets near or at their KV cache, delivered shares, one
+// engine out for proxy errors and one unreachable.
+func browserBusyCard(c *caddymodule.Card, n int, now time.Time) {
+	base := c.Replicas
+	c.Replicas = nil
+	for i := range n {
+		r := base[i%len(base)]
+		r.ID = fmt.Sprintf("10.0.0.7:8000#%d", i)
+		capTok := int64(36800)
+		r.KVCapacityTokens = &capTok
+		r.WorkingSetTokens = 29000 + int64(i)*1100
+		r.Full = r.WorkingSetTokens >= capTok
+		r.Held, r.Running, r.Waiting = 3+i%4, browserPtr(3+i%4), browserPtr(i%3)
+		r.Bindings, r.Active = 3+i, 2+i%3
+		r.PredictedCached, r.DeliveredCached = 1234000, 1203000-uint64(i)*9000
+		share := float64(r.DeliveredCached) / float64(r.PredictedCached)
+		r.DeliveredShare = &share
+		r.Sticky, r.Restarted, r.ColdReplaced, r.Ended = 1234+uint64(i)*17, uint64(i%3), uint64(i%2), 12
+		c.Replicas = append(c.Replicas, r)
+	}
+	until := now.Add(20 * time.Second)
+	c.Replicas[1].Available, c.Replicas[1].Out = false, []string{"proxy errors until " + until.UTC().Format("15:04:05")}
+	c.Replicas[1].CooldownUntil = &until
+	last := &c.Replicas[n-1]
+	seen := now.Add(-90 * time.Second)
+	last.Reachable, last.Available, last.LastSeen = false, false, &seen
+	last.LastError = "Get \"http://10.0.0.7:8000/metrics\": dial tcp 10.0.0.7:8000: connect: connection refused"
+	last.Out = []string{"poll failure"}
+	last.Running, last.Waiting, last.KVUsage, last.PrefixHitRate = nil, nil, nil, nil
+	c.Bindings, c.InFlight = 4*n, 3*n
+}
+
+func browserPtr[T any](v T) *T { return &v }
 
 // browserFollow clicks the link sel and waits for the page at path to load.
 func browserFollow(t *testing.T, ctx context.Context, sel, path string) {

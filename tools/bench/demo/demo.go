@@ -19,7 +19,13 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	_ "github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"     // the Caddyfile adapter
 	_ "github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile" // the http server type
-	_ "github.com/caddyserver/caddy/v2/modules/standard"
+	// Only the Caddy modules the demo's Caddyfiles use (the http app,
+	// reverse_proxy with its selection policies, health checks and http
+	// transport, which brings the headers handler), not all of Caddy's
+	// standard modules: a first run then downloads and compiles far less.
+	// A user's Caddy (cmd/caddy, xcaddy) keeps the standard set.
+	_ "github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	_ "github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 
 	_ "github.com/lmwarden/caddy-lmwarden/caddymodule"
 	"github.com/lmwarden/caddy-lmwarden/emulator"
@@ -72,9 +78,11 @@ type Config struct {
 }
 
 // DefaultConfig runs the reference measurement's stages, vLLM's own
-// data-parallel balancer then LM Warden with affinity on, on four
-// emulated A4000 replicas sped up ten times: 90 engine seconds measured
-// after 30 of warm-up per stage, about 2½ minutes of wall time in all.
+// data-parallel balancer, then LM Warden as shipped (ModeDefault:
+// admission and the lifecycle checks on), then with affinity alone, on
+// four emulated A4000 replicas sped up ten times: 90 engine seconds
+// measured after 30 of warm-up per stage, about 3 minutes of wall time in
+// all.
 func DefaultConfig() Config {
 	return Config{
 		Replicas:    4,
@@ -82,13 +90,17 @@ func DefaultConfig() Config {
 		Engine:      emulator.DefaultEngineConfig(),
 		Workload:    bench.DefaultWorkload(),
 		Stages:      []int{4, 8, 16, 24, 32},
-		Modes:       []string{bench.ModeVLLMDP, bench.ModeOn},
+		Modes:       DefaultModes(),
 		StageLength: 90 * time.Second,
 		Warmup:      30 * time.Second,
 		Admin:       "127.0.0.1:2019",
 		API:         bench.APIAnthropic,
 	}
 }
+
+// DefaultModes are the demo's modes: vLLM's balancer, LM Warden as
+// shipped, LM Warden with affinity alone.
+func DefaultModes() []string { return []string{bench.ModeVLLMDP, bench.ModeDefault, bench.ModeOn} }
 
 // Demo starts the emulator and Caddy, runs the stages and returns the
 // report. Caddy is stopped and the emulator closed before it returns.
@@ -103,7 +115,7 @@ func Run(ctx context.Context, cfg Config) (*bench.Report, error) {
 		cfg.Admin = "127.0.0.1:2019"
 	}
 	if len(cfg.Modes) == 0 {
-		cfg.Modes = []string{bench.ModeVLLMDP, bench.ModeOn}
+		cfg.Modes = DefaultModes()
 	}
 	// The reference measurement's layout is one vLLM server with one
 	// engine per replica (data_parallel_size N): vLLM's own balancer picks
@@ -113,7 +125,7 @@ func Run(ctx context.Context, cfg Config) (*bench.Report, error) {
 	// include vllm-dp.
 	dp := true
 	for _, m := range cfg.Modes {
-		if m != bench.ModeVLLMDP && m != bench.ModeOff && m != bench.ModeOn && m != bench.ModeAdmit {
+		if m != bench.ModeVLLMDP && m != bench.ModeOff && m != bench.ModeOn && m != bench.ModeAdmit && m != bench.ModeDefault {
 			dp = false
 		}
 	}
@@ -293,6 +305,12 @@ func (p *demoProxy) Caddyfile(mode string) string {
 	fmt.Fprintf(&b, "{\n\tadmin %s\n\tpersist_config off\n\tauto_https off\n\tlog {\n\t\tlevel ERROR\n\t}\n}\n\n", p.admin)
 	fmt.Fprintf(&b, "http://%s {\n\tbind 127.0.0.1\n", p.listen)
 	switch mode {
+	case bench.ModeDefault:
+		// LM Warden as shipped: none of affinity, admission or restart
+		// detection is written, so each has its default (on).
+		fmt.Fprintf(&b, "\tlm_warden\n\treverse_proxy %s {\n", strings.Join(ups, " "))
+		fmt.Fprintf(&b, "\t\tlb_policy lm_warden {\n\t\t\tmodel %s\n\t\t\tmax_num_seqs %d\n\t\t\tpoll_interval %s\n", p.model, p.maxSeqs, p.poll)
+		p.policyTail(&b)
 	case bench.ModeOff, bench.ModeOn, bench.ModeAdmit, bench.ModeLifecycle:
 		aff, adm := "on", "off"
 		if mode == bench.ModeOff {
@@ -309,16 +327,7 @@ func (p *demoProxy) Caddyfile(mode string) string {
 		}
 		fmt.Fprintf(&b, "\tlm_warden {\n\t\trestart_detection %s\n\t}\n\treverse_proxy %s {\n", restart, strings.Join(ups, " "))
 		fmt.Fprintf(&b, "\t\tlb_policy lm_warden {\n\t\t\tmodel %s\n\t\t\taffinity %s\n\t\t\tadmission %s\n\t\t\tmax_num_seqs %d\n\t\t\tpoll_interval %s\n", p.model, aff, adm, p.maxSeqs, p.poll)
-		// Admission's times are the engine's: at speed × they pass that
-		// much faster (as the poll interval does).
-		fmt.Fprintf(&b, "\t\t\tadmit_window %s\n\t\t\tadmit_wait %s\n", p.scaled(placement.DefaultAdmitWindow), p.scaled(placement.DefaultAdmitWait))
-		if p.dpSize > 1 {
-			fmt.Fprintf(&b, "\t\t\tdata_parallel_size %d\n", p.dpSize)
-		}
-		if p.store != "" {
-			fmt.Fprintf(&b, "\t\t\tstore redis {\n\t\t\t\taddress %s\n\t\t\t\tprefix lmwdemo:\n\t\t\t}\n", p.store)
-		}
-		b.WriteString("\t\t}\n")
+		p.policyTail(&b)
 	case bench.ModeVLLMDP:
 		// No selection: the one data-parallel server's balancer picks.
 		fmt.Fprintf(&b, "\treverse_proxy %s {\n", strings.Join(ups, " "))
@@ -333,6 +342,21 @@ func (p *demoProxy) Caddyfile(mode string) string {
 	fmt.Fprintf(&b, "\t\ttransport http {\n\t\t\tdial_timeout 3s\n\t\t\tresponse_header_timeout %s\n\t\t}\n", p.rht)
 	b.WriteString("\t\tflush_interval -1\n\t}\n}\n")
 	return b.String()
+}
+
+// policyTail ends the lm_warden policy's block: the times scaled to the
+// emulator's speed, the data-parallel size and the store.
+func (p *demoProxy) policyTail(b *strings.Builder) {
+	// Admission's times are the engine's: at speed × they pass that much
+	// faster (as the poll interval does).
+	fmt.Fprintf(b, "\t\t\tadmit_window %s\n\t\t\tadmit_wait %s\n", p.scaled(placement.DefaultAdmitWindow), p.scaled(placement.DefaultAdmitWait))
+	if p.dpSize > 1 {
+		fmt.Fprintf(b, "\t\t\tdata_parallel_size %d\n", p.dpSize)
+	}
+	if p.store != "" {
+		fmt.Fprintf(b, "\t\t\tstore redis {\n\t\t\t\taddress %s\n\t\t\t\tprefix lmwdemo:\n\t\t\t}\n", p.store)
+	}
+	b.WriteString("\t\t}\n")
 }
 
 // load adapts the mode's Caddyfile and (re)loads Caddy with it.
@@ -362,11 +386,11 @@ func (p *demoProxy) setMode(ctx context.Context, mode string) error {
 	}
 	lmw := func(m string) bool { return bench.PolicyOf(m) == "lm_warden" }
 	// restart detection is the handler's setting: only a reload switches it
-	sameHandler := (mode == bench.ModeLifecycle) == (p.mode == bench.ModeLifecycle)
+	sameHandler := bench.ChecksLifecycle(mode) == bench.ChecksLifecycle(p.mode)
 	if lmw(mode) && lmw(p.mode) && sameHandler {
 		err := p.put(ctx, "affinity", mode != bench.ModeOff)
 		if err == nil {
-			err = p.put(ctx, "admission", mode == bench.ModeAdmit)
+			err = p.put(ctx, "admission", bench.Admits(mode))
 		}
 		if err == nil || p.remote {
 			p.mode = mode

@@ -34,8 +34,8 @@ func TestDemoEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(back.Stages) != 4 {
-		t.Fatalf("%d stages in the JSON, want 4", len(back.Stages))
+	if want := len(cfg.Stages) * len(cfg.Modes); len(back.Stages) != want {
+		t.Fatalf("%d stages in the JSON, want %d", len(back.Stages), want)
 	}
 	for _, st := range back.Stages {
 		if st.Requests == 0 {
@@ -52,12 +52,14 @@ func TestDemoEndToEnd(t *testing.T) {
 		}
 	}
 	for _, n := range cfg.Stages {
-		on, _ := back.Find(bench.ModeOn, n)
-		if on.StayedPct != 100 {
-			t.Errorf("affinity on, %d sessions: stayed %.1f%%, want 100", n, on.StayedPct)
+		for _, m := range []string{bench.ModeDefault, bench.ModeOn} {
+			on, _ := back.Find(m, n)
+			if on.StayedPct != 100 {
+				t.Errorf("%s, %d sessions: stayed %.1f%%, want 100", m, n, on.StayedPct)
+			}
 		}
 	}
-	if !strings.Contains(table.String(), "| 2 | ") || !strings.Contains(table.String(), "vllm-dp → on") {
+	if !strings.Contains(table.String(), "| 2 | ") || !strings.Contains(table.String(), "vllm-dp → default") {
 		t.Errorf("table:\n%s", table.String())
 	}
 }
@@ -119,4 +121,30 @@ func shortDemo(t *testing.T, set func(*Config)) (*bench.Report, string) {
 		t.Fatalf("demo: %v\n%s", err, log.String())
 	}
 	return rep, log.String()
+}
+
+// TestDemoDefaultCaddyfile: the default mode is LM Warden as a user
+// deploys it, a policy block that sets none of affinity, admission or
+// restart detection; affinity alone turns admission and restart
+// detection off.
+func TestDemoDefaultCaddyfile(t *testing.T) {
+	p := &demoProxy{upstreams: []string{"http://127.0.0.1:9"}, admin: "127.0.0.1:1", listen: "127.0.0.1:2",
+		model: "m", maxSeqs: 32, poll: 100 * time.Millisecond, speed: 10, rht: time.Minute, dpSize: 4}
+	def := p.Caddyfile(bench.ModeDefault)
+	for _, unset := range []string{"affinity", "admission ", "restart_detection"} {
+		if strings.Contains(def, unset) {
+			t.Errorf("the default mode's Caddyfile sets %s:\n%s", unset, def)
+		}
+	}
+	for _, want := range []string{"lb_policy lm_warden", "data_parallel_size 4", "admit_window 6s"} {
+		if !strings.Contains(def, want) {
+			t.Errorf("the default mode's Caddyfile lacks %q:\n%s", want, def)
+		}
+	}
+	on := p.Caddyfile(bench.ModeOn)
+	for _, want := range []string{"affinity on", "admission off", "restart_detection off"} {
+		if !strings.Contains(on, want) {
+			t.Errorf("the on mode's Caddyfile lacks %q:\n%s", want, on)
+		}
+	}
 }

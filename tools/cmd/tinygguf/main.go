@@ -133,7 +133,9 @@ func run(vocabPath, outPath string, embd, layers, heads, ff, ctx int, seed uint6
 		typ  uint32
 	}
 	var ts []tensor
-	mat := func(name string, ne0, ne1 int) { ts = append(ts, tensor{name, []uint64{uint64(ne0), uint64(ne1)}, ggmlF16}) }
+	mat := func(name string, ne0, ne1 int) {
+		ts = append(ts, tensor{name, []uint64{uint64(ne0), uint64(ne1)}, ggmlF16})
+	}
 	vec := func(name string, n int) { ts = append(ts, tensor{name, []uint64{uint64(n)}, ggmlF32}) }
 	mat("token_embd.weight", embd, nVocab)
 	vec("output_norm.weight", embd)
@@ -282,7 +284,7 @@ func readMeta(r *bufio.Reader) ([]kv, error) {
 		if err := binary.Read(r, binary.LittleEndian, &typ); err != nil {
 			return nil, err
 		}
-		body, err := readValue(r, typ, nil)
+		body, err := readValue(r, typ, []byte{}) // non-nil: keep strings' length
 		if err != nil {
 			return nil, fmt.Errorf("key %s: %w", key, err)
 		}

@@ -219,7 +219,8 @@
 // wait; sub-agents (Request.Parent bound) do not either; spills go only to
 // replicas where the conversation fits, and re-placements prefer them.
 //
-
+// # Bindings
+//
 // A binding maps a conversation key to a replica. It expires after IdleTTL
 // without a turn (checked when the key is looked up, a few of the oldest on
 // every Route, and all of them by Sweep), and the least recently used binding

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"strconv"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
@@ -56,38 +55,23 @@ func (p *Policy) unmarshalStore(d *caddyfile.Dispenser) error {
 	}
 	sc := &StoreConfig{Type: typ}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		opt := d.Val()
-		switch opt {
-		case "address", "username", "password", "tls_server_name", "prefix":
-			var v string
-			if !d.AllArgs(&v) {
-				return d.ArgErr()
-			}
-			switch opt {
-			case "address":
-				sc.Address = v
-			case "username":
-				sc.Username = v
-			case "password":
-				sc.Password = v
-			case "tls_server_name":
-				sc.TLSServerName = v
-			default:
-				if v == "" {
-					return d.Errf("prefix must not be empty")
-				}
-				sc.Prefix = v
-			}
+		var err error
+		switch opt := d.Val(); opt {
+		case "address":
+			sc.Address, err = parseArg(d)
+		case "username":
+			sc.Username, err = parseArg(d)
+		case "password":
+			sc.Password, err = parseArg(d)
 		case "db":
 			var v string
-			if !d.AllArgs(&v) {
-				return d.ArgErr()
+			if v, err = parseArg(d); err == nil {
+				n, aerr := strconv.Atoi(v)
+				if aerr != nil || n < 0 {
+					return d.Errf("db must be a non-negative integer, got %q", v)
+				}
+				sc.DB = n
 			}
-			n, err := strconv.Atoi(v)
-			if err != nil || n < 0 {
-				return d.Errf("db must be a non-negative integer, got %q", v)
-			}
-			sc.DB = n
 		case "tls":
 			args := d.RemainingArgs()
 			switch {
@@ -96,20 +80,22 @@ func (p *Policy) unmarshalStore(d *caddyfile.Dispenser) error {
 			case len(args) == 1 && (args[0] == "on" || args[0] == "off"):
 				sc.TLS = args[0] == "on"
 			default:
-				return d.Errf("tls takes no argument, or on|off")
+				err = d.Errf("tls takes no argument, or on|off")
+			}
+		case "tls_server_name":
+			sc.TLSServerName, err = parseArg(d)
+		case "prefix":
+			sc.Prefix, err = parseArg(d)
+			if err == nil && sc.Prefix == "" {
+				err = d.Errf("prefix must not be empty")
 			}
 		case "timeout":
-			var v string
-			if !d.AllArgs(&v) {
-				return d.ArgErr()
-			}
-			dur, err := caddy.ParseDuration(v)
-			if err != nil || dur <= 0 {
-				return d.Errf("timeout must be a positive duration, got %q", v)
-			}
-			sc.Timeout = caddy.Duration(dur)
+			sc.Timeout, err = parseDuration(d, opt)
 		default:
-			return d.Errf("unrecognized store option %q", opt)
+			err = d.Errf("unrecognized store option %q", opt)
+		}
+		if err != nil {
+			return err
 		}
 	}
 	p.Store = sc

@@ -145,12 +145,9 @@ func TestAdmissionHoldsNewConversations(t *testing.T) {
 	}
 
 	// room: A is unpinned; B goes on and is answered
-	req, _ := http.NewRequest(http.MethodDelete, fmt.Sprintf("http://localhost:%d/lm-warden/models/%s/sessions/A", testAdminPort, model), nil)
-	resp, err := testClient.Do(req)
-	if err != nil || resp.StatusCode != 200 {
-		t.Fatalf("unpinning A: %v %v", resp, err)
+	if code, b := adminDo(t, testAdminPort, http.MethodDelete, "/lm-warden/models/"+model+"/sessions/A", ""); code != 200 {
+		t.Fatalf("unpinning A: %d %s", code, b)
 	}
-	resp.Body.Close()
 	select {
 	case r := <-held:
 		if r.status != 200 || r.reason != "placed" {

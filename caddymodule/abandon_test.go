@@ -168,7 +168,15 @@ func TestHungReplicaFoundWhenClientsGiveUpFirst(t *testing.T) {
 	waitLong(t, "the hung replica out", 20*time.Second, func() bool {
 		row := cardRow(getCard(t, model), dials[hung])
 		if slices.Contains(row.Out, "abandoned turns") {
+			// when the replica went out, not when this loop saw it (a
+			// loaded machine reads the card late): its first cool-down
+			// (fail_cooldown 2s) ends 2 s after it went out
 			tOut = time.Now()
+			if row.CooldownUntil != nil {
+				if at := row.CooldownUntil.Add(-2 * time.Second); at.Before(tOut) {
+					tOut = at
+				}
+			}
 			return true
 		}
 		return false

@@ -224,6 +224,75 @@ func (p *Policy) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return nil
 }
 
+// unmarshalStore parses the policy's store block:
+//
+//	store redis {
+//	    address         <host:port>
+//	    username        <user>
+//	    password        <password>
+//	    db              <n>
+//	    tls             [on|off]
+//	    tls_server_name <name>
+//	    prefix          <prefix>
+//	    timeout         <duration>
+//	}
+func (p *Policy) unmarshalStore(d *caddyfile.Dispenser) error {
+	var typ string
+	if !d.AllArgs(&typ) {
+		return d.Errf("store needs its type: store redis { ... }")
+	}
+	if typ != "redis" {
+		return d.Errf("store type must be redis, got %q", typ)
+	}
+	sc := &StoreConfig{Type: typ}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		var err error
+		switch opt := d.Val(); opt {
+		case "address":
+			sc.Address, err = parseArg(d)
+		case "username":
+			sc.Username, err = parseArg(d)
+		case "password":
+			sc.Password, err = parseArg(d)
+		case "db":
+			var v string
+			if v, err = parseArg(d); err == nil {
+				n, aerr := strconv.Atoi(v)
+				if aerr != nil || n < 0 {
+					return d.Errf("db must be a non-negative integer, got %q", v)
+				}
+				sc.DB = n
+			}
+		case "tls":
+			args := d.RemainingArgs()
+			switch {
+			case len(args) == 0:
+				sc.TLS = true
+			case len(args) == 1 && (args[0] == "on" || args[0] == "off"):
+				sc.TLS = args[0] == "on"
+			default:
+				err = d.Errf("tls takes no argument, or on|off")
+			}
+		case "tls_server_name":
+			sc.TLSServerName, err = parseArg(d)
+		case "prefix":
+			sc.Prefix, err = parseArg(d)
+			if err == nil && sc.Prefix == "" {
+				err = d.Errf("prefix must not be empty")
+			}
+		case "timeout":
+			sc.Timeout, err = parseDuration(d, opt)
+		default:
+			err = d.Errf("unrecognized store option %q", opt)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	p.Store = sc
+	return nil
+}
+
 // parseArg reads an option's single argument.
 func parseArg(d *caddyfile.Dispenser) (string, error) {
 	var v string

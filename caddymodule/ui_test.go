@@ -50,3 +50,25 @@ func TestUINiceCeil(t *testing.T) {
 		}
 	}
 }
+
+// TestUISpillDeclinedTooltip: the declined-spill cell shows the count
+// only; the last estimates for turns from that replica go to its tooltip,
+// so spills do not widen the card.
+func TestUISpillDeclinedTooltip(t *testing.T) {
+	recent := []SpillRow{
+		{From: "r0", To: "r1", StayS: 9.1, MoveS: 3.04, ContextTokens: 12000, Moved: true},
+		{From: "r1", To: "r2", StayS: 1, MoveS: 2},
+		{From: "r0", To: "r3", StayS: 0.5, MoveS: 4.2, ContextTokens: 800},
+	}
+	for _, tc := range []struct {
+		id, text, tip string
+	}{
+		{"r0", "3", "moved to r1: stay 9.1 s, move 3 s (12,000 tokens)\nstayed, not to r3: stay 0.5 s, move 4.2 s (800 tokens)"},
+		{"r2", "3", ""},
+	} {
+		v := uiSpillDeclined(3, tc.id, recent)
+		if v.T != tc.text || v.H != tc.tip {
+			t.Errorf("%s: text %q tooltip %q, want %q and %q", tc.id, v.T, v.H, tc.text, tc.tip)
+		}
+	}
+}

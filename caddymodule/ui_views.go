@@ -19,6 +19,8 @@ import (
 type uiVal struct {
 	V any    `json:"v"`
 	T string `json:"t"`
+	// H is the cell's tooltip, for detail that would widen the table.
+	H string `json:"h,omitempty"`
 }
 
 type uiModelsView struct {
@@ -269,7 +271,10 @@ func uiSpillDeclined(n uint64, id string, recent []SpillRow) uiVal {
 		if c.Moved {
 			verb = "moved to "
 		}
-		v.T += "\n" + verb + c.To + ": stay " + humanize.FtoaWithDigits(c.StayS, 1) + " s, move " +
+		if v.H != "" {
+			v.H += "\n"
+		}
+		v.H += verb + c.To + ": stay " + humanize.FtoaWithDigits(c.StayS, 1) + " s, move " +
 			humanize.FtoaWithDigits(c.MoveS, 1) + " s (" + humanize.Comma(int64(c.ContextTokens)) + " tokens)"
 	}
 	return v

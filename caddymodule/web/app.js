@@ -31,6 +31,10 @@
     var raw = typeof val.v === "object" && val.v !== null ? JSON.stringify(val.v) : String(val.v);
     if (el.textContent !== val.t) { el.textContent = val.t; }
     if (el.getAttribute("data-v") !== raw) { el.setAttribute("data-v", raw); }
+    var tip = val.h || "";
+    if ((el.getAttribute("title") || "") !== tip) {
+      if (tip) { el.setAttribute("title", tip); } else { el.removeAttribute("title"); }
+    }
   }
 
   function setClass(el, name, on) {

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"sort"
@@ -172,7 +173,9 @@ func fnum(v float64, decimals int) string {
 	if decimals == 0 {
 		return humanize.Comma(int64(v + 0.5))
 	}
-	return humanize.CommafWithDigits(v, decimals)
+	// CommafWithDigits cuts digits off (86.18 → "86.1"): round first
+	p := math.Pow10(decimals)
+	return humanize.CommafWithDigits(math.Round(v*p)/p, decimals)
 }
 
 // fhit renders a stage's prefix hit percentage, "unknown" when the replicas

@@ -163,3 +163,24 @@ func TestIntTicks(t *testing.T) {
 		}
 	}
 }
+
+func TestFnumRounds(t *testing.T) {
+	for _, tc := range []struct {
+		in       float64
+		decimals int
+		want     string
+	}{
+		{86.1816, 1, "86.2"},
+		{85.598, 1, "85.6"},
+		{0.999, 1, "1.0"},
+		{3.996, 2, "4.00"},
+		{99.96, 1, "100.0"},
+		{1234.56, 1, "1,234.6"},
+		{87.25, 2, "87.25"},
+		{21068.4, 0, "21,068"},
+	} {
+		if got := fnum(tc.in, tc.decimals); got != tc.want {
+			t.Errorf("fnum(%g, %d) = %q, want %q", tc.in, tc.decimals, got, tc.want)
+		}
+	}
+}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/lmwarden/caddy-lmwarden/internal/convkey"
 	"github.com/lmwarden/caddy-lmwarden/placement"
 	"github.com/lmwarden/caddy-lmwarden/vllmstats"
 )
@@ -206,7 +207,7 @@ func (a adminAPI) handleModel(w http.ResponseWriter, r *http.Request) error {
 		// digest); given in full or in that form, it unpins the same
 		// conversation. The 404 does not repeat the key (it may be long,
 		// or a secret).
-		if !m.unbind(key) && (len(key) <= maxKeyLen || !m.unbind(compactKey(key))) {
+		if !m.unbind(key) && (len(key) <= convkey.MaxKeyLen || !m.unbind(convkey.Compact(key))) {
 			return apiErr(http.StatusNotFound, "no conversation is bound to that session key (%d bytes)", len(key))
 		}
 		return writeJSON(w, map[string]bool{"unbound": true})

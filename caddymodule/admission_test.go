@@ -173,12 +173,9 @@ func TestAdmissionHoldsNewConversations(t *testing.T) {
 	}
 
 	// room: A is unpinned and its turns end; B goes on and is answered
-	req, _ := http.NewRequest(http.MethodDelete, fmt.Sprintf("http://localhost:%d/lm-warden/models/%s/sessions/A", testAdminPort, model), nil)
-	resp, err := testClient.Do(req)
-	if err != nil || resp.StatusCode != 200 {
-		t.Fatalf("unpinning A: %v %v", resp, err)
+	if code, b := adminDo(t, testAdminPort, http.MethodDelete, "/lm-warden/models/"+model+"/sessions/A", ""); code != 200 {
+		t.Fatalf("unpinning A: %d %s", code, b)
 	}
-	resp.Body.Close()
 	done()
 	if r := <-next; r.status != 200 || r.reason != "sticky" {
 		t.Fatalf("A's next turn while B waited: %d %s", r.status, r.reason)

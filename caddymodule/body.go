@@ -10,6 +10,8 @@ import (
 	"sync"
 
 	"github.com/tidwall/gjson"
+
+	"github.com/lmwarden/caddy-lmwarden/internal/convkey"
 )
 
 // Reading the request body for its keys and model, and putting it back for
@@ -242,7 +244,7 @@ const peekStartSize = 64 << 10
 // when the body was read in full (the caller computes it from body).
 func (h *Handler) peekStart(r *http.Request, rb *replayBody) (start uint64, model string, body []byte, tooBig bool, err error) {
 	body, tooBig, err = h.peek(r, rb, peekStartSize, func(prefix string) bool {
-		fp, ok := startFromPrefix(prefix, h.FingerprintBytes)
+		fp, ok := convkey.StartFromPrefix(prefix, h.FingerprintBytes)
 		if ok {
 			start = fp
 			model, _ = modelFromPrefix(prefix)
@@ -274,7 +276,7 @@ func (h *Handler) peek(r *http.Request, rb *replayBody, limit int, found func(pr
 		return nil, false, err
 	}
 	for {
-		if found(bytesView(head)) {
+		if found(convkey.BytesView(head)) {
 			r.Body = &prefixBody{Reader: io.MultiReader(bytes.NewReader(head), r.Body), body: r.Body}
 			return nil, false, nil
 		}
@@ -305,7 +307,7 @@ func modelFromPrefix(prefix string) (model string, ok bool) {
 	if !v.Exists() {
 		return "", false
 	}
-	if !endsInside(v, prefix) {
+	if !convkey.EndsInside(v, prefix) {
 		return "", false
 	}
 	if v.Type == gjson.String && (len(v.Raw) < 2 || v.Raw[len(v.Raw)-1] != '"') {
@@ -314,7 +316,7 @@ func modelFromPrefix(prefix string) (model string, ok bool) {
 	if v.Type != gjson.String {
 		return "", true
 	}
-	return strings.Clone(clip(v.Str)), true
+	return strings.Clone(convkey.Clip(v.Str)), true
 }
 
 // prefixBody is a body whose start was read: the start, then the rest.

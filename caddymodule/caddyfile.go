@@ -26,93 +26,69 @@ func parseHandlerCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler,
 // UnmarshalCaddyfile sets up the handler from Caddyfile tokens:
 //
 //	lm_warden {
+//	    # finding the conversation
 //	    session_headers     <header...>
 //	    agent_header        <header>|off
 //	    parent_agent_header <header>|off
+//	    session_end_headers <header...>|off
 //	    body_keys           on|off
 //	    fingerprint         on|off
 //	    fingerprint_bytes   <size>
 //	    restart_detection   on|off
-//	    session_end_headers <header...>|off
+//	    # the request and the reply
 //	    model_var           on|off
 //	    max_body            <size>
 //	    error_response      api|caddy
 //	    strip_billing_block on|off
 //	}
+//
+// Every switch takes on|off (true|false too); a header that is off is stored
+// as "-" in the JSON, the on-by-default booleans as their negation (no_…).
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // directive name
 	if d.NextArg() {
 		return d.ArgErr()
 	}
 	for d.NextBlock(0) {
-		opt := d.Val()
-		switch opt {
+		var err error
+		switch opt := d.Val(); opt {
 		case "session_headers":
-			args := d.RemainingArgs()
-			if len(args) == 0 {
-				return d.ArgErr()
-			}
-			h.SessionHeaders = args
-		case "agent_header", "parent_agent_header":
-			var v string
-			if !d.AllArgs(&v) {
-				return d.ArgErr()
-			}
-			if v == "off" {
-				v = "-"
-			}
-			if opt == "agent_header" {
-				h.AgentHeader = v
-			} else {
-				h.ParentAgentHeader = v
-			}
+			h.SessionHeaders, err = parseList(d)
+		case "agent_header":
+			h.AgentHeader, err = parseHeaderOrOff(d)
+		case "parent_agent_header":
+			h.ParentAgentHeader, err = parseHeaderOrOff(d)
 		case "session_end_headers":
-			args := d.RemainingArgs()
-			if len(args) == 0 {
-				return d.ArgErr()
+			h.SessionEndHeaders, err = parseList(d)
+			if len(h.SessionEndHeaders) == 1 && h.SessionEndHeaders[0] == "off" {
+				h.SessionEndHeaders = []string{"-"}
 			}
-			if len(args) == 1 && args[0] == "off" {
-				args = []string{"-"}
-			}
-			h.SessionEndHeaders = args
-		case "body_keys", "fingerprint", "model_var", "restart_detection", "strip_billing_block":
-			on, err := parseOnOff(d)
-			if err != nil {
-				return err
-			}
-			switch opt {
-			case "strip_billing_block":
-				h.StripBillingBlock = on
-			case "body_keys":
-				h.NoBodyKeys = !on
-			case "fingerprint":
-				h.NoFingerprint = !on
-			case "restart_detection":
-				h.NoRestartDetection = !on
-			default:
-				h.NoModelVar = !on
-			}
-		case "fingerprint_bytes", "max_body":
-			n, err := parseSize(d)
-			if err != nil {
-				return err
-			}
-			if opt == "max_body" {
-				h.MaxBody = n
-			} else {
-				h.FingerprintBytes = int(n)
-			}
+		case "body_keys":
+			h.NoBodyKeys, err = parseOffSwitch(d)
+		case "fingerprint":
+			h.NoFingerprint, err = parseOffSwitch(d)
+		case "fingerprint_bytes":
+			var n int64
+			n, err = parseSize(d)
+			h.FingerprintBytes = int(n)
+		case "restart_detection":
+			h.NoRestartDetection, err = parseOffSwitch(d)
+		case "model_var":
+			h.NoModelVar, err = parseOffSwitch(d)
+		case "max_body":
+			h.MaxBody, err = parseSize(d)
 		case "error_response":
-			var v string
-			if !d.AllArgs(&v) {
-				return d.ArgErr()
+			h.ErrorResponse, err = parseArg(d)
+			if err == nil && h.ErrorResponse != "api" && h.ErrorResponse != "caddy" {
+				err = d.Errf("error_response must be api or caddy, got %q", h.ErrorResponse)
 			}
-			if v != "api" && v != "caddy" {
-				return d.Errf("error_response must be api or caddy, got %q", v)
-			}
-			h.ErrorResponse = v
+		case "strip_billing_block":
+			h.StripBillingBlock, err = parseOnOff(d)
 		default:
-			return d.Errf("unrecognized lm_warden option %q", opt)
+			err = d.Errf("unrecognized lm_warden option %q", opt)
+		}
+		if err != nil {
+			return err
 		}
 	}
 	return nil
@@ -120,37 +96,44 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 
 // UnmarshalCaddyfile sets up the policy from the tokens of
 //
-//	lb_policy lm_warden {
+//	lb_policy lm_warden [<model>] {
+//	    # placement
 //	    model              <name>
+//	    max_num_seqs       <n>
+//	    data_parallel_size <n>
 //	    affinity           on|off
 //	    spill_threshold    auto|<n>
 //	    spill_waiting      off|<n>
-//	    max_num_seqs       <n>
 //	    idle_ttl           <duration>
 //	    active_window      <duration>
 //	    max_sessions       <n>
-//	    poll_interval      <duration>
-//	    poll_timeout       <duration>
+//	    # failures
 //	    fail_after         <n>
 //	    fail_cooldown      <duration>
 //	    abandon_after      off|<n>
-//	    metrics_path       <path>
-//	    engine             auto|vllm|sglang|llamacpp|tgi
-//	    poll_scheme        http|https
-//	    data_parallel_size <n>
-//	    client_pin_header  <header>
-//	    route_header       on|off
+//	    # admission
 //	    admission          on|off
 //	    kv_tokens          <n>
 //	    admit_high_water   <fraction>
 //	    admit_window       <duration>
 //	    admit_wait         <duration>
 //	    admit_queue        <n>
-//	    bytes_per_token    <n>
+//	    # store
 //	    store redis { ... }  (see unmarshalStore)
+//	    # tuning
+//	    poll_interval      <duration>
+//	    poll_timeout       <duration>
+//	    metrics_path       <path>
+//	    engine             auto|vllm|sglang|llamacpp|tgi
+//	    poll_scheme        http|https
+//	    client_pin_header  <header>
+//	    route_header       on|off
+//	    bytes_per_token    <n>
 //	}
 //
-// The model may also be given inline: `lb_policy lm_warden <name>`.
+// The model may also be given inline: `lb_policy lm_warden <name>`. Every
+// switch takes on|off (true|false too); a count that can be turned off takes
+// off, spill_threshold's automatic value is auto.
 func (p *Policy) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // policy name
 	if d.NextArg() {
@@ -160,157 +143,247 @@ func (p *Policy) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		}
 	}
 	for d.NextBlock(0) {
-		opt := d.Val()
-		switch opt {
-		case "model", "metrics_path", "poll_scheme", "client_pin_header", "engine":
-			var v string
-			if !d.AllArgs(&v) {
-				return d.ArgErr()
+		var err error
+		switch opt := d.Val(); opt {
+		// placement
+		case "model":
+			p.Model, err = parseArg(d)
+		case "max_num_seqs":
+			p.MaxNumSeqs, err = parsePositive(d)
+		case "data_parallel_size":
+			p.DataParallelSize, err = parsePositive(d)
+		case "affinity":
+			p.Affinity, err = parseSwitch(d)
+		case "spill_threshold":
+			p.SpillThreshold, err = parsePositiveOr(d, opt, "auto", 0)
+		case "spill_waiting":
+			p.SpillWaiting, err = parsePositiveOr(d, opt, "off", 0)
+		case "idle_ttl":
+			p.IdleTTL, err = parseDuration(d, opt)
+		case "active_window":
+			p.ActiveWindow, err = parseDuration(d, opt)
+		case "max_sessions":
+			p.MaxSessions, err = parsePositive(d)
+		// failures
+		case "fail_after":
+			p.FailAfter, err = parsePositive(d)
+		case "fail_cooldown":
+			p.FailCooldown, err = parseDuration(d, opt)
+		case "abandon_after":
+			p.AbandonAfter, err = parsePositiveOr(d, opt, "off", -1)
+		// admission
+		case "admission":
+			p.Admission, err = parseSwitch(d)
+		case "kv_tokens":
+			p.KVTokens, err = parsePositive(d)
+		case "admit_high_water":
+			p.AdmitHighWater, err = parsePositiveFloat(d, opt)
+		case "admit_window":
+			p.AdmitWindow, err = parseDuration(d, opt)
+		case "admit_wait":
+			p.AdmitWait, err = parseDuration(d, opt)
+		case "admit_queue":
+			p.AdmitQueue, err = parsePositive(d)
+		// store
+		case "store":
+			err = p.unmarshalStore(d)
+		// tuning
+		case "poll_interval":
+			p.PollInterval, err = parseDuration(d, opt)
+		case "poll_timeout":
+			p.PollTimeout, err = parseDuration(d, opt)
+		case "metrics_path":
+			p.MetricsPath, err = parseArg(d)
+			if err == nil && !strings.HasPrefix(p.MetricsPath, "/") {
+				err = d.Errf("metrics_path must start with /: %q", p.MetricsPath)
 			}
-			switch opt {
-			case "model":
-				p.Model = v
-			case "metrics_path":
-				if !strings.HasPrefix(v, "/") {
-					return d.Errf("metrics_path must start with /: %q", v)
-				}
-				p.MetricsPath = v
-			case "poll_scheme":
-				p.PollScheme = v
-			case "engine":
+		case "engine":
+			var v string
+			if v, err = parseArg(d); err == nil {
 				if !validEngine(v) {
-					_, err := vllmstats.ParseDialect(v)
-					return d.Err(err.Error())
+					_, perr := vllmstats.ParseDialect(v)
+					return d.Err(perr.Error())
 				}
 				p.Engine = strings.ToLower(v)
-			default:
-				p.ClientPinHeader = v
 			}
-		case "affinity", "route_header", "admission":
-			on, err := parseOnOff(d)
-			if err != nil {
-				return err
-			}
-			switch opt {
-			case "affinity":
-				p.Affinity = &on
-			case "admission":
-				p.Admission = &on
-			default:
-				p.RouteHeader = &on
-			}
-		case "admit_high_water", "bytes_per_token":
-			var v string
-			if !d.AllArgs(&v) {
-				return d.ArgErr()
-			}
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil || f <= 0 {
-				return d.Errf("%s must be a positive number, got %q", opt, v)
-			}
-			if opt == "admit_high_water" {
-				p.AdmitHighWater = f
-			} else {
-				p.BytesPerToken = f
-			}
-		case "spill_threshold":
-			var v string
-			if !d.AllArgs(&v) {
-				return d.ArgErr()
-			}
-			if v == "auto" {
-				p.SpillThreshold = 0
-				continue
-			}
-			n, err := strconv.Atoi(v)
-			if err != nil || n < 1 {
-				return d.Errf("spill_threshold must be auto or a positive integer, got %q", v)
-			}
-			p.SpillThreshold = n
-		case "spill_waiting":
-			var v string
-			if !d.AllArgs(&v) {
-				return d.ArgErr()
-			}
-			if v == "off" {
-				p.SpillWaiting = 0
-				continue
-			}
-			n, err := strconv.Atoi(v)
-			if err != nil || n < 1 {
-				return d.Errf("spill_waiting must be off or a positive integer, got %q", v)
-			}
-			p.SpillWaiting = n
-		case "abandon_after":
-			if !d.NextArg() {
-				return d.ArgErr()
-			}
-			if v := d.Val(); v == "off" {
-				p.AbandonAfter = -1
-			} else if n, err := strconv.Atoi(v); err != nil || n < 1 {
-				return d.Errf("abandon_after must be off or a positive integer, got %q", v)
-			} else {
-				p.AbandonAfter = n
-			}
-		case "store":
-			if err := p.unmarshalStore(d); err != nil {
-				return err
-			}
-		case "max_num_seqs", "max_sessions", "fail_after", "data_parallel_size", "kv_tokens", "admit_queue":
-			n, err := parsePositive(d)
-			if err != nil {
-				return err
-			}
-			switch opt {
-			case "max_num_seqs":
-				p.MaxNumSeqs = n
-			case "max_sessions":
-				p.MaxSessions = n
-			case "fail_after":
-				p.FailAfter = n
-			case "kv_tokens":
-				p.KVTokens = n
-			case "admit_queue":
-				p.AdmitQueue = n
-			default:
-				p.DataParallelSize = n
-			}
-		case "idle_ttl", "active_window", "poll_interval", "poll_timeout", "fail_cooldown", "admit_window", "admit_wait":
-			var v string
-			if !d.AllArgs(&v) {
-				return d.ArgErr()
-			}
-			dur, err := caddy.ParseDuration(v)
-			if err != nil || dur <= 0 {
-				return d.Errf("%s must be a positive duration, got %q", opt, v)
-			}
-			switch opt {
-			case "idle_ttl":
-				p.IdleTTL = caddy.Duration(dur)
-			case "active_window":
-				p.ActiveWindow = caddy.Duration(dur)
-			case "poll_interval":
-				p.PollInterval = caddy.Duration(dur)
-			case "fail_cooldown":
-				p.FailCooldown = caddy.Duration(dur)
-			case "admit_window":
-				p.AdmitWindow = caddy.Duration(dur)
-			case "admit_wait":
-				p.AdmitWait = caddy.Duration(dur)
-			default:
-				p.PollTimeout = caddy.Duration(dur)
-			}
+		case "poll_scheme":
+			p.PollScheme, err = parseArg(d)
+		case "client_pin_header":
+			p.ClientPinHeader, err = parseArg(d)
+		case "route_header":
+			p.RouteHeader, err = parseSwitch(d)
+		case "bytes_per_token":
+			p.BytesPerToken, err = parsePositiveFloat(d, opt)
 		default:
-			return d.Errf("unrecognized lm_warden policy option %q", opt)
+			err = d.Errf("unrecognized lm_warden policy option %q", opt)
+		}
+		if err != nil {
+			return err
 		}
 	}
 	return nil
 }
 
-func parseOnOff(d *caddyfile.Dispenser) (bool, error) {
+// unmarshalStore parses the policy's store block:
+//
+//	store redis {
+//	    address         <host:port>
+//	    username        <user>
+//	    password        <password>
+//	    db              <n>
+//	    tls             [on|off]
+//	    tls_server_name <name>
+//	    prefix          <prefix>
+//	    timeout         <duration>
+//	}
+func (p *Policy) unmarshalStore(d *caddyfile.Dispenser) error {
+	var typ string
+	if !d.AllArgs(&typ) {
+		return d.Errf("store needs its type: store redis { ... }")
+	}
+	if typ != "redis" {
+		return d.Errf("store type must be redis, got %q", typ)
+	}
+	sc := &StoreConfig{Type: typ}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		var err error
+		switch opt := d.Val(); opt {
+		case "address":
+			sc.Address, err = parseArg(d)
+		case "username":
+			sc.Username, err = parseArg(d)
+		case "password":
+			sc.Password, err = parseArg(d)
+		case "db":
+			var v string
+			if v, err = parseArg(d); err == nil {
+				n, aerr := strconv.Atoi(v)
+				if aerr != nil || n < 0 {
+					return d.Errf("db must be a non-negative integer, got %q", v)
+				}
+				sc.DB = n
+			}
+		case "tls":
+			args := d.RemainingArgs()
+			switch {
+			case len(args) == 0:
+				sc.TLS = true
+			case len(args) == 1 && (args[0] == "on" || args[0] == "off"):
+				sc.TLS = args[0] == "on"
+			default:
+				err = d.Errf("tls takes no argument, or on|off")
+			}
+		case "tls_server_name":
+			sc.TLSServerName, err = parseArg(d)
+		case "prefix":
+			sc.Prefix, err = parseArg(d)
+			if err == nil && sc.Prefix == "" {
+				err = d.Errf("prefix must not be empty")
+			}
+		case "timeout":
+			sc.Timeout, err = parseDuration(d, opt)
+		default:
+			err = d.Errf("unrecognized store option %q", opt)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	p.Store = sc
+	return nil
+}
+
+// parseArg reads an option's single argument.
+func parseArg(d *caddyfile.Dispenser) (string, error) {
 	var v string
 	if !d.AllArgs(&v) {
-		return false, d.ArgErr()
+		return "", d.ArgErr()
+	}
+	return v, nil
+}
+
+// parseList reads an option's one or more arguments.
+func parseList(d *caddyfile.Dispenser) ([]string, error) {
+	args := d.RemainingArgs()
+	if len(args) == 0 {
+		return nil, d.ArgErr()
+	}
+	return args, nil
+}
+
+// parseHeaderOrOff reads a header name, or off, stored as "-".
+func parseHeaderOrOff(d *caddyfile.Dispenser) (string, error) {
+	v, err := parseArg(d)
+	if v == "off" {
+		v = "-"
+	}
+	return v, err
+}
+
+// parseSwitch reads on|off into an optional boolean (nil: the default).
+func parseSwitch(d *caddyfile.Dispenser) (*bool, error) {
+	on, err := parseOnOff(d)
+	if err != nil {
+		return nil, err
+	}
+	return &on, nil
+}
+
+// parseOffSwitch reads on|off for an on-by-default switch stored as its
+// negation (no_…): it returns true for off.
+func parseOffSwitch(d *caddyfile.Dispenser) (bool, error) {
+	on, err := parseOnOff(d)
+	return !on, err
+}
+
+// parsePositiveOr reads a positive integer, or the word that stands for
+// the value word (auto or off).
+func parsePositiveOr(d *caddyfile.Dispenser, opt, word string, wordValue int) (int, error) {
+	v, err := parseArg(d)
+	if err != nil {
+		return 0, err
+	}
+	if v == word {
+		return wordValue, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		return 0, d.Errf("%s must be %s or a positive integer, got %q", opt, word, v)
+	}
+	return n, nil
+}
+
+// parsePositiveFloat reads a positive number.
+func parsePositiveFloat(d *caddyfile.Dispenser, opt string) (float64, error) {
+	v, err := parseArg(d)
+	if err != nil {
+		return 0, err
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil || f <= 0 {
+		return 0, d.Errf("%s must be a positive number, got %q", opt, v)
+	}
+	return f, nil
+}
+
+// parseDuration reads a positive duration.
+func parseDuration(d *caddyfile.Dispenser, opt string) (caddy.Duration, error) {
+	v, err := parseArg(d)
+	if err != nil {
+		return 0, err
+	}
+	dur, err := caddy.ParseDuration(v)
+	if err != nil || dur <= 0 {
+		return 0, d.Errf("%s must be a positive duration, got %q", opt, v)
+	}
+	return caddy.Duration(dur), nil
+}
+
+// parseOnOff reads on|off (or true|false).
+func parseOnOff(d *caddyfile.Dispenser) (bool, error) {
+	v, err := parseArg(d)
+	if err != nil {
+		return false, err
 	}
 	switch v {
 	case "on", "true":
@@ -321,10 +394,11 @@ func parseOnOff(d *caddyfile.Dispenser) (bool, error) {
 	return false, d.Errf("expected on or off, got %q", v)
 }
 
+// parsePositive reads a positive integer.
 func parsePositive(d *caddyfile.Dispenser) (int, error) {
-	var v string
-	if !d.AllArgs(&v) {
-		return 0, d.ArgErr()
+	v, err := parseArg(d)
+	if err != nil {
+		return 0, err
 	}
 	n, err := strconv.Atoi(v)
 	if err != nil || n < 1 {
@@ -333,10 +407,11 @@ func parsePositive(d *caddyfile.Dispenser) (int, error) {
 	return n, nil
 }
 
+// parseSize reads a size such as 32MiB.
 func parseSize(d *caddyfile.Dispenser) (int64, error) {
-	var v string
-	if !d.AllArgs(&v) {
-		return 0, d.ArgErr()
+	v, err := parseArg(d)
+	if err != nil {
+		return 0, err
 	}
 	n, err := humanize.ParseBytes(v)
 	if err != nil || n == 0 || n > 1<<40 {

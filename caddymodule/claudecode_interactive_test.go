@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/lmwarden/caddy-lmwarden/internal/convkey"
 )
 
 // ccLive is one request interactive Claude Code sent, as
@@ -63,7 +65,7 @@ func TestClaudeCodeInteractiveStarts(t *testing.T) {
 		if r.Kind == "probe" {
 			continue
 		}
-		fp, lone := splitStart(startFingerprint(r.body, defaultFingerprintBytes))
+		fp, lone := convkey.SplitStart(convkey.StartFingerprint(r.body, defaultFingerprintBytes))
 		if fp == 0 {
 			t.Fatalf("%s: no start", r.File)
 		}

@@ -9,6 +9,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/lmwarden/caddy-lmwarden/internal/convkey"
 )
 
 // ccRequest is one request Claude Code sent, as testdata/claudecode holds
@@ -76,13 +78,13 @@ func TestClaudeCodeStartIsStable(t *testing.T) {
 			for k, v := range r.Headers {
 				hdr.Set(k, v)
 			}
-			if key, _ := defaultKeyExtractor.fromHeaders(hdr); key != sid {
+			if key, _ := convkey.DefaultExtractor.FromHeaders(hdr); key != sid {
 				t.Errorf("key from headers %q, want %q", key, sid)
 			}
-			if got := sessionFromBody(r.body); got != sid {
+			if got := convkey.SessionFromBody(r.body); got != sid {
 				t.Errorf("key from metadata %q, want the header's %q", got, sid)
 			}
-			fp, _ := splitStart(startFingerprint(r.body, defaultFingerprintBytes))
+			fp, _ := convkey.SplitStart(convkey.StartFingerprint(r.body, defaultFingerprintBytes))
 			if fp == 0 {
 				t.Fatal("no start fingerprint")
 			}
@@ -104,8 +106,7 @@ func TestClaudeCodeStartIsStable(t *testing.T) {
 // prompt, a compacted conversation would keep its start.
 func TestClaudeCodeFirstMessageInBudget(t *testing.T) {
 	for _, r := range loadClaudeCode(t) {
-		fp, _ := hashStart(r.body, defaultFingerprintBytes)
-		if fp.budget <= 0 {
+		if convkey.BudgetLeft(r.body, defaultFingerprintBytes) <= 0 {
 			t.Errorf("%s (%s): budget spent before the first user message", r.File, r.Step)
 		}
 	}
@@ -159,13 +160,13 @@ func TestStartFromPrefix(t *testing.T) {
 	}
 	bodies["system first"] = claudeBody("fix the bug in main.go", 3, "aaa")
 	for name, body := range bodies {
-		full := startFingerprint(body, defaultFingerprintBytes)
+		full := convkey.StartFingerprint(body, defaultFingerprintBytes)
 		if full == 0 {
 			t.Fatalf("%s: no start", name)
 		}
 		var firstOK int
 		for cut := 1; cut <= len(body); cut += 97 {
-			fp, ok := startFromPrefix(body[:cut], defaultFingerprintBytes)
+			fp, ok := convkey.StartFromPrefix(body[:cut], defaultFingerprintBytes)
 			if ok && fp != full {
 				t.Fatalf("%s cut at %d: start %x, whole body's %x", name, cut, fp, full)
 			}
@@ -181,4 +182,22 @@ func TestStartFromPrefix(t *testing.T) {
 		}
 		t.Logf("%s: %d bytes, start readable from the first %d", name, len(body), firstOK)
 	}
+}
+
+// conversation renders an Anthropic request body of a conversation after n
+// turns, as Claude Code does: a billing block that changes every request,
+// cache_control on the last message only.
+func claudeBody(first string, n int, billing string) string {
+	var b strings.Builder
+	b.WriteString(`{"model":"qwen3-4b","max_tokens":256,"stream":true,"system":[{"type":"text","text":"x-anthropic-billing-header: cc_version=1; cch=` + billing + `;"},{"type":"text","text":"You are Claude Code.","cache_control":{"type":"ephemeral"}}],"messages":[`)
+	msgs := []string{`{"role":"user","content":[{"type":"text","text":"` + first + `"}]}`}
+	for i := 1; i < n; i++ {
+		msgs = append(msgs, `{"role":"assistant","content":[{"type":"text","text":"answer"}]}`,
+			`{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":"ok"}]}`)
+	}
+	last := msgs[len(msgs)-1]
+	msgs[len(msgs)-1] = strings.Replace(last, `}]}`, `,"cache_control":{"type":"ephemeral"}}]}`, 1)
+	b.WriteString(strings.Join(msgs, ","))
+	b.WriteString(`]}`)
+	return b.String()
 }

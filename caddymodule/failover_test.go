@@ -19,6 +19,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/lmwarden/caddy-lmwarden/emulator"
+	"github.com/lmwarden/caddy-lmwarden/internal/convkey"
 )
 
 // coreSite is the README's core snippet with the emulator's replicas as the
@@ -656,7 +657,7 @@ func TestAdminWritesAreStrict(t *testing.T) {
 		{"unbind", http.MethodDelete, "/sessions/bound", ``, 200},
 		{"unbind a 300-byte key in full", http.MethodDelete, "/sessions/" + url.PathEscape(long300), ``, 200},
 		{"unbind a 4 KB key in full", http.MethodDelete, "/sessions/" + url.PathEscape(long4k), ``, 200},
-		{"unbind a long key by its stored form", http.MethodDelete, "/sessions/" + url.PathEscape(compactKey(long300b)), ``, 200},
+		{"unbind a long key by its stored form", http.MethodDelete, "/sessions/" + url.PathEscape(convkey.Compact(long300b)), ``, 200},
 		{"unbind a long key not bound", http.MethodDelete, "/sessions/" + url.PathEscape(long4k), ``, 404},
 	}
 	for _, tt := range tests {

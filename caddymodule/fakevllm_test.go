@@ -13,6 +13,8 @@ import (
 	"testing"
 
 	"github.com/tidwall/gjson"
+
+	"github.com/lmwarden/caddy-lmwarden/internal/convkey"
 )
 
 // fakeVLLM is a loopback server speaking enough of vLLM's API for the
@@ -117,7 +119,7 @@ func (f *fakeVLLM) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	key := r.Header.Get("X-Claude-Code-Session-Id")
 	if key == "" {
-		key = sessionFromBody(string(body))
+		key = convkey.SessionFromBody(string(body))
 	}
 	// prompt tokens: a quarter of the body's bytes, as a tokenizer would
 	prompt := int64(len(body)/4 + 1)

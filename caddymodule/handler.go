@@ -9,6 +9,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/lmwarden/caddy-lmwarden/internal/convkey"
 	"github.com/lmwarden/caddy-lmwarden/vllmstats"
 	"go.uber.org/zap"
 )
@@ -34,9 +35,17 @@ const (
 	varRoute = "lm_warden.route"
 )
 
+// The conversation-key defaults, as the handler's documentation names them.
+var DefaultSessionHeaders = convkey.DefaultSessionHeaders
+
+const (
+	DefaultAgentHeader       = convkey.DefaultAgentHeader
+	DefaultParentAgentHeader = convkey.DefaultParentAgentHeader
+)
+
 const (
 	defaultMaxBody          = 32 << 20
-	defaultFingerprintBytes = 32 << 10
+	defaultFingerprintBytes = convkey.DefaultFingerprintBytes
 )
 
 // Handler finds the conversation a request belongs to and hands it to the
@@ -129,7 +138,7 @@ type Handler struct {
 	// Default off.
 	StripBillingBlock bool `json:"strip_billing_block,omitempty"`
 
-	keys   keyExtractor
+	keys   convkey.Extractor
 	ends   []string // canonical session-end header names
 	logger *zap.Logger
 }
@@ -166,7 +175,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if parent == "-" {
 		parent = ""
 	}
-	h.keys = newKeyExtractor(headers, agent, parent)
+	h.keys = convkey.NewExtractor(headers, agent, parent)
 	ends := h.SessionEndHeaders
 	if len(ends) == 0 {
 		ends = DefaultSessionEndHeaders
@@ -207,7 +216,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	st := new(routeState)
 	st.api = apiOf(r.URL.Path)
 	st.maxBody = h.MaxBody
-	st.key, st.parent = h.keys.fromHeaders(r.Header)
+	st.key, st.parent = h.keys.FromHeaders(r.Header)
 
 	st.end = h.sessionEnds(r.Header)
 
@@ -256,21 +265,21 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			return caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("reading request body: %w", err))
 		}
 		if body != nil {
-			view := bytesView(body)
+			view := convkey.BytesView(body)
 			if st.key == "" && !h.NoBodyKeys {
-				st.key = sessionFromBody(view)
+				st.key = convkey.SessionFromBody(view)
 			}
 			if st.key != "" && !h.NoRestartDetection {
 				// a key from a header or the body's metadata: its start
 				// tells a restarted conversation (a fingerprint key is
 				// the start itself)
-				st.start = startFingerprint(view, h.FingerprintBytes)
+				st.start = convkey.StartFingerprint(view, h.FingerprintBytes)
 			}
 			if st.key == "" && !h.NoFingerprint {
-				st.key = fingerprint(view, h.FingerprintBytes)
+				st.key = convkey.Fingerprint(view, h.FingerprintBytes)
 			}
 			if model == "" {
-				model = modelFromBody(view)
+				model = convkey.ModelFromBody(view)
 			}
 		}
 	}

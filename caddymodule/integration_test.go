@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -16,79 +15,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
-	"github.com/caddyserver/caddy/v2/caddytest"
 )
-
-// The in-process Caddy of this package's tests: its admin endpoint and the
-// site's port, both on loopback, each the first of three free ports (the
-// tests use port+1 and port+2 for a second instance and the unused HTTPS
-// port), chosen when the test binary starts so that two test processes of
-// this package do not collide.
-var (
-	testAdminPort = freePortRun(3)
-	testHTTPPort  = freePortRun(3)
-)
-
-// freePortRun returns the first of n consecutive loopback ports that are free
-// now.
-func freePortRun(n int) int {
-	for try := 0; try < 200; try++ {
-		base := 20000 + rand.IntN(40000)
-		var held []net.Listener
-		ok := true
-		for i := 0; i < n; i++ {
-			l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", base+i))
-			if err != nil {
-				ok = false
-				break
-			}
-			held = append(held, l)
-		}
-		for _, l := range held {
-			l.Close()
-		}
-		if ok {
-			return base
-		}
-	}
-	panic("no run of free loopback ports")
-}
-
-var siteURL = fmt.Sprintf("http://127.0.0.1:%d", testHTTPPort)
-
-var testClient = &http.Client{Timeout: 15 * time.Second}
-
-// loadSite (re)loads the in-process Caddy with one site whose body is site.
-func loadSite(t *testing.T, site string) {
-	t.Helper()
-	cfg := fmt.Sprintf(`{
-	admin localhost:%d
-	http_port %d
-	https_port %d
-	auto_https off
-	default_bind 127.0.0.1
-	skip_install_trust
-	grace_period 1s
-	servers {
-		protocols h1 h2c
-	}
-}
-http://127.0.0.1:%d {
-%s
-}
-`, testAdminPort, testHTTPPort, testHTTPPort+1, testHTTPPort, site)
-	tc := caddytest.NewTester(t).WithDefaultOverrides(caddytest.Config{AdminPort: testAdminPort, LoadRequestTimeout: 15 * time.Second})
-	tc.InitServer(cfg, "caddyfile")
-	if t.Failed() {
-		t.FailNow()
-	}
-	// connections to the previous configuration's server are closing
-	if tr, ok := testClient.Transport.(*http.Transport); ok {
-		tr.CloseIdleConnections()
-	} else {
-		http.DefaultTransport.(*http.Transport).CloseIdleConnections()
-	}
-}
 
 func dialList(fs []*fakeVLLM) string {
 	var out []string
@@ -329,28 +256,15 @@ func TestConversationsStayOnTheirReplica(t *testing.T) {
 	}
 
 	// unpin one conversation: its next turn is placed anew
-	req, _ := http.NewRequest(http.MethodDelete, fmt.Sprintf("http://localhost:%d/lm-warden/models/stay/sessions/conv-0", testAdminPort), nil)
-	resp, err := testClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("unbind: %d", resp.StatusCode)
+	if code, _ := adminDo(t, testAdminPort, http.MethodDelete, "/lm-warden/models/stay/sessions/conv-0", ""); code != http.StatusOK {
+		t.Fatalf("unbind: %d", code)
 	}
 	if res := sendTurn(t, "/v1/messages", chatTurn("conv-0", 7, false), map[string]string{"X-Claude-Code-Session-Id": "conv-0"}); res.reason != "placed" {
 		t.Errorf("after unbind: reason %q, want placed", res.reason)
 	}
 	// an unknown key is a 404 with a JSON error
-	req, _ = http.NewRequest(http.MethodDelete, fmt.Sprintf("http://localhost:%d/lm-warden/models/stay/sessions/nope", testAdminPort), nil)
-	resp, err = testClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusNotFound || !strings.Contains(string(b), `"error"`) {
-		t.Errorf("unknown key: %d %s", resp.StatusCode, b)
+	if code, b := adminDo(t, testAdminPort, http.MethodDelete, "/lm-warden/models/stay/sessions/nope", ""); code != http.StatusNotFound || !strings.Contains(b, `"error"`) {
+		t.Errorf("unknown key: %d %s", code, b)
 	}
 }
 
@@ -503,16 +417,9 @@ func TestAffinitySwitchAtRunTime(t *testing.T) {
 		%s
 	}`, dialList(fs), policyBlock("toggle", "")))
 	put := func(on bool) {
-		req, _ := http.NewRequest(http.MethodPut, fmt.Sprintf("http://localhost:%d/lm-warden/models/toggle/affinity", testAdminPort),
-			strings.NewReader(fmt.Sprintf(`{"affinity":%v}`, on)))
-		resp, err := testClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), fmt.Sprintf(`"affinity":%v`, on)) {
-			t.Fatalf("PUT affinity: %d %s", resp.StatusCode, b)
+		code, b := adminDo(t, testAdminPort, http.MethodPut, "/lm-warden/models/toggle/affinity", fmt.Sprintf(`{"affinity":%v}`, on))
+		if code != http.StatusOK || !strings.Contains(b, fmt.Sprintf(`"affinity":%v`, on)) {
+			t.Fatalf("PUT affinity: %d %s", code, b)
 		}
 	}
 	put(false)
@@ -983,23 +890,13 @@ func TestFailedReloadChangesNothing(t *testing.T) {
 	}
 	loadSite(t, site(3, ""))
 	// a configuration whose second model is invalid is refused as a whole
-	bad := fmt.Sprintf(`{
-	admin localhost:%d
-	http_port %d
-	auto_https off
-	default_bind 127.0.0.1
-}
-http://127.0.0.1:%d {
-	route {
-		%s
-	}
-}`, testAdminPort, testHTTPPort, testHTTPPort, site(7, fmt.Sprintf(`reverse_proxy /never %s {
+	bad := siteConfig(fmt.Sprintf("localhost:%d", testAdminPort), testHTTPPort, "", "\troute {\n\t\t"+site(7, fmt.Sprintf(`reverse_proxy /never %s {
 		lb_policy lm_warden {
 			model broken
 			poll_interval 1s
 			poll_timeout 2s
 		}
-	}`, fs[0].addr)))
+	}`, fs[0].addr))+"\n\t}")
 	resp, err := testClient.Post(fmt.Sprintf("http://localhost:%d/load", testAdminPort), "text/caddyfile", strings.NewReader(bad))
 	if err != nil {
 		t.Fatal(err)

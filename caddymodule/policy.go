@@ -16,6 +16,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap"
 
+	"github.com/lmwarden/caddy-lmwarden/internal/convkey"
 	"github.com/lmwarden/caddy-lmwarden/placement"
 	"github.com/lmwarden/caddy-lmwarden/vllmstats"
 )
@@ -561,7 +562,7 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 	if st == nil {
 		// no lm_warden handler ran: keep the request's picks ourselves
 		st = &routeState{detached: true}
-		st.key, st.parent = defaultKeyExtractor.fromHeaders(r.Header)
+		st.key, st.parent = convkey.DefaultExtractor.FromHeaders(r.Header)
 		if vars != nil {
 			vars[varRoute] = st
 		}
@@ -586,7 +587,7 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 	}
 	exclude = st.triedList(exclude)
 
-	start, lone := splitStart(st.start)
+	start, lone := convkey.SplitStart(st.start)
 	req := placement.Request{Key: st.key, Parent: st.parent, Start: start, Lone: lone, Tokens: p.tokens(r, st)}
 	if len(exclude) > 0 {
 		req.Exclude = exclude

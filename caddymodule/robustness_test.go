@@ -23,57 +23,6 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
 
-// robustPorts is the in-process Caddy's admin port for the tests in this
-// file: a free port picked once per test process, so two processes running
-// this package's tests at once (Caddy listens with SO_REUSEPORT) never share
-// a listener.
-var robustPorts struct {
-	once  sync.Once
-	admin int
-}
-
-func freeLoopbackPort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
-// robustSite is the in-process Caddy loaded by loadRobustSite.
-type robustSite struct {
-	t     *testing.T
-	port  int    // the site's port
-	admin string // base URL of the admin endpoint
-	url   string // base URL of the site
-}
-
-// loadRobustSite (re)loads the in-process Caddy with one site whose body is
-// site, directly through caddy.Load, on this file's ports.
-//
-// Every load gets a fresh site port: the previous server keeps its listener
-// through its grace period, and with SO_REUSEPORT a new connection to a
-// shared port can still land on it and be served by the old configuration.
-func loadRobustSite(t *testing.T, site string) *robustSite {
-	t.Helper()
-	return reloadRobustSite(t, freeLoopbackPort(t), site)
-}
-
-// reloadRobustSite loads the site on a given port, for tests that change the
-// configuration under a running client.
-func reloadRobustSite(t *testing.T, port int, site string) *robustSite {
-	t.Helper()
-	admin := robustAdminPort(t)
-	cfg := robustConfig(admin, port, site)
-	if err := loadCaddyfile(cfg); err != nil {
-		t.Fatal(err)
-	}
-	testClient.CloseIdleConnections()
-	return &robustSite{t: t, port: port, admin: fmt.Sprintf("http://127.0.0.1:%d", admin), url: fmt.Sprintf("http://127.0.0.1:%d", port)}
-}
-
 func (rs *robustSite) getJSON(path string, into any) {
 	rs.t.Helper()
 	resp, err := testClient.Get(rs.admin + path)

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 
@@ -85,48 +84,6 @@ func TestReplicaChurnKeepsStateBounded(t *testing.T) {
 	if rs := p.set.Load(); len(rs.where) != 4 {
 		t.Fatalf("policy keeps %d replicas' picks", len(rs.where))
 	}
-}
-
-// robustAdminPort is the admin port of the in-process Caddy that
-// loadCaddyfile loads, picked once per test process.
-func robustAdminPort(t *testing.T) int {
-	robustPorts.once.Do(func() { robustPorts.admin = freeLoopbackPort(t) })
-	return robustPorts.admin
-}
-
-// robustConfig is a Caddyfile with one plain-HTTP site on 127.0.0.1:port
-// whose body is site, and the admin endpoint on 127.0.0.1:admin.
-func robustConfig(admin, port int, site string) string {
-	return fmt.Sprintf(`{
-	admin 127.0.0.1:%d
-	http_port %d
-	https_port %d
-	auto_https off
-	default_bind 127.0.0.1
-	skip_install_trust
-	grace_period 1s
-	persist_config off
-	servers {
-		protocols h1 h2c
-	}
-}
-http://127.0.0.1:%d {
-%s
-}
-`, admin, port, port+1, port, site)
-}
-
-// loadCaddyfile adapts a Caddyfile and loads it into the in-process Caddy,
-// returning the error a failed load gives (the running config then stays).
-func loadCaddyfile(cfg string) error {
-	cfgJSON, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cfg), nil)
-	if err != nil {
-		return fmt.Errorf("adapting: %w", err)
-	}
-	if err := caddy.Load(cfgJSON, true); err != nil {
-		return fmt.Errorf("loading: %w", err)
-	}
-	return nil
 }
 
 // TestModelOwnedOnce loads configurations in which two reverse proxies use

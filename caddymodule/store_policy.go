@@ -3,10 +3,7 @@ package caddymodule
 import (
 	"errors"
 	"fmt"
-	"strconv"
 
-	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 )
@@ -32,88 +29,6 @@ func (p *Policy) applyStore() {
 		p.logger.Error("shared binding store not started: bindings stay this instance's own",
 			zap.String("model", p.Model), zap.Error(err))
 	}
-}
-
-// unmarshalStore parses the policy's store block:
-//
-//	store redis {
-//	    address         <host:port>
-//	    username        <user>
-//	    password        <password>
-//	    db              <n>
-//	    tls             [on|off]
-//	    tls_server_name <name>
-//	    prefix          <prefix>
-//	    timeout         <duration>
-//	}
-func (p *Policy) unmarshalStore(d *caddyfile.Dispenser) error {
-	var typ string
-	if !d.AllArgs(&typ) {
-		return d.Errf("store needs its type: store redis { ... }")
-	}
-	if typ != "redis" {
-		return d.Errf("store type must be redis, got %q", typ)
-	}
-	sc := &StoreConfig{Type: typ}
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		opt := d.Val()
-		switch opt {
-		case "address", "username", "password", "tls_server_name", "prefix":
-			var v string
-			if !d.AllArgs(&v) {
-				return d.ArgErr()
-			}
-			switch opt {
-			case "address":
-				sc.Address = v
-			case "username":
-				sc.Username = v
-			case "password":
-				sc.Password = v
-			case "tls_server_name":
-				sc.TLSServerName = v
-			default:
-				if v == "" {
-					return d.Errf("prefix must not be empty")
-				}
-				sc.Prefix = v
-			}
-		case "db":
-			var v string
-			if !d.AllArgs(&v) {
-				return d.ArgErr()
-			}
-			n, err := strconv.Atoi(v)
-			if err != nil || n < 0 {
-				return d.Errf("db must be a non-negative integer, got %q", v)
-			}
-			sc.DB = n
-		case "tls":
-			args := d.RemainingArgs()
-			switch {
-			case len(args) == 0:
-				sc.TLS = true
-			case len(args) == 1 && (args[0] == "on" || args[0] == "off"):
-				sc.TLS = args[0] == "on"
-			default:
-				return d.Errf("tls takes no argument, or on|off")
-			}
-		case "timeout":
-			var v string
-			if !d.AllArgs(&v) {
-				return d.ArgErr()
-			}
-			dur, err := caddy.ParseDuration(v)
-			if err != nil || dur <= 0 {
-				return d.Errf("timeout must be a positive duration, got %q", v)
-			}
-			sc.Timeout = caddy.Duration(dur)
-		default:
-			return d.Errf("unrecognized store option %q", opt)
-		}
-	}
-	p.Store = sc
-	return nil
 }
 
 // The store's Prometheus series, read from each live model's store at

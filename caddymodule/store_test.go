@@ -368,14 +368,8 @@ func TestSharedStoreTwoInstances(t *testing.T) {
 		if l := streamTurn(context.Background(), siteURL, model, conv, 2, nil); l.replica != first.replica {
 			t.Fatalf("turn 2 on %s, want %s", l.replica, first.replica)
 		}
-		req, _ := http.NewRequest(http.MethodDelete, fmt.Sprintf("http://127.0.0.1:%d/lm-warden/models/%s/sessions/%s", child.admin, model, conv), nil)
-		resp, err := testClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("DELETE: %d", resp.StatusCode)
+		if code, _ := adminDo(t, child.admin, http.MethodDelete, "/lm-warden/models/"+model+"/sessions/"+conv, ""); code != http.StatusOK {
+			t.Fatalf("DELETE: %d", code)
 		}
 		deadline := time.Now().Add(5 * time.Second)
 		for {

@@ -232,7 +232,8 @@
 // engine to confirm the pressure (Strained: requests waiting, or returning
 // turns finding less than HitsLow of their cache).
 //
-
+// # Bindings
+//
 // A binding maps a conversation key to a replica. It expires after IdleTTL
 // without a turn (checked when the key is looked up, a few of the oldest on
 // every Route, and all of them by Sweep), and the least recently used binding

@@ -1,4 +1,4 @@
-package caddymodule
+package convkey
 
 import (
 	"net/http"
@@ -35,7 +35,7 @@ func TestFromHeaders(t *testing.T) {
 			for k, v := range tt.hdr {
 				h.Set(k, v)
 			}
-			key, parent := defaultKeyExtractor.fromHeaders(h)
+			key, parent := DefaultExtractor.FromHeaders(h)
 			if key != tt.key || parent != tt.parent {
 				t.Fatalf("got (%q, %q), want (%q, %q)", key, parent, tt.key, tt.parent)
 			}
@@ -54,21 +54,21 @@ func TestLongKeysDifferingAtTheEnd(t *testing.T) {
 		{"header", func(tail string) string {
 			h := http.Header{}
 			h.Set("X-Session-Id", long+tail)
-			k, _ := defaultKeyExtractor.fromHeaders(h)
+			k, _ := DefaultExtractor.FromHeaders(h)
 			return k
 		}},
 		{"agent header", func(tail string) string {
 			h := http.Header{}
 			h.Set("X-Session-Id", "s")
 			h.Set("X-Claude-Code-Agent-Id", long+tail)
-			k, _ := defaultKeyExtractor.fromHeaders(h)
+			k, _ := DefaultExtractor.FromHeaders(h)
 			return k
 		}},
 		{"body session_id", func(tail string) string {
-			return sessionFromBody(`{"metadata":{"session_id":"` + long + tail + `"}}`)
+			return SessionFromBody(`{"metadata":{"session_id":"` + long + tail + `"}}`)
 		}},
 		{"body user_id", func(tail string) string {
-			return sessionFromBody(`{"metadata":{"user_id":"user_a_account_b_session_` + long + tail + `"}}`)
+			return SessionFromBody(`{"metadata":{"user_id":"user_a_account_b_session_` + long + tail + `"}}`)
 		}},
 	}
 	for _, tt := range tests {
@@ -77,7 +77,7 @@ func TestLongKeysDifferingAtTheEnd(t *testing.T) {
 			if a == b {
 				t.Fatalf("keys differing at byte 1001 collapsed to %q", a)
 			}
-			if len(a) > maxKeyLen+2 || len(b) > maxKeyLen+2 { // +"s/" for the agent form
+			if len(a) > MaxKeyLen+2 || len(b) > MaxKeyLen+2 { // +"s/" for the agent form
 				t.Fatalf("key lengths %d, %d: not compact", len(a), len(b))
 			}
 			if tt.key("a") != a {
@@ -97,11 +97,11 @@ func TestLongKeysDifferingAtTheEnd(t *testing.T) {
 			}
 		})
 	}
-	if k := compactKey("short"); k != "short" {
+	if k := Compact("short"); k != "short" {
 		t.Fatalf("short key changed: %q", k)
 	}
-	if k := compactKey(strings.Repeat("y", maxKeyLen)); len(k) != maxKeyLen || strings.Contains(k, "~") {
-		t.Fatal("a key of exactly maxKeyLen bytes must stay as it is")
+	if k := Compact(strings.Repeat("y", MaxKeyLen)); len(k) != MaxKeyLen || strings.Contains(k, "~") {
+		t.Fatal("a key of exactly MaxKeyLen bytes must stay as it is")
 	}
 }
 
@@ -124,7 +124,7 @@ func TestSessionFromBody(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := sessionFromBody(tt.body); got != tt.want {
+			if got := SessionFromBody(tt.body); got != tt.want {
 				t.Fatalf("got %q, want %q", got, tt.want)
 			}
 		})
@@ -150,17 +150,17 @@ func claudeBody(first string, n int, billing string) string {
 }
 
 func TestFingerprintStableAcrossTurns(t *testing.T) {
-	first := fingerprint(claudeBody("fix the bug in main.go", 1, "aaa"), defaultFingerprintBytes)
+	first := Fingerprint(claudeBody("fix the bug in main.go", 1, "aaa"), DefaultFingerprintBytes)
 	if !strings.HasPrefix(first, fingerprintPrefix) || len(first) != len(fingerprintPrefix)+32 {
 		t.Fatalf("unexpected fingerprint %q", first)
 	}
 	for turn := 2; turn <= 6; turn++ {
-		got := fingerprint(claudeBody("fix the bug in main.go", turn, strings.Repeat("b", turn)), defaultFingerprintBytes)
+		got := Fingerprint(claudeBody("fix the bug in main.go", turn, strings.Repeat("b", turn)), DefaultFingerprintBytes)
 		if got != first {
 			t.Fatalf("turn %d: fingerprint %q differs from first turn's %q", turn, got, first)
 		}
 	}
-	other := fingerprint(claudeBody("write the tests", 1, "aaa"), defaultFingerprintBytes)
+	other := Fingerprint(claudeBody("write the tests", 1, "aaa"), DefaultFingerprintBytes)
 	if other == first {
 		t.Fatal("different conversations share a fingerprint")
 	}
@@ -169,19 +169,19 @@ func TestFingerprintStableAcrossTurns(t *testing.T) {
 func TestFingerprintOpenAIAndBounds(t *testing.T) {
 	a := `{"model":"m","messages":[{"role":"system","content":"sys"},{"role":"user","content":"hello"},{"role":"assistant","content":"hi"}]}`
 	b := `{"model":"m","messages":[{"role":"system","content":"sys"},{"role":"user","content":"hello"},{"role":"assistant","content":"hi"},{"role":"user","content":"more"}]}`
-	if fingerprint(a, 1024) != fingerprint(b, 1024) || fingerprint(a, 1024) == "" {
+	if Fingerprint(a, 1024) != Fingerprint(b, 1024) || Fingerprint(a, 1024) == "" {
 		t.Fatal("OpenAI conversation's fingerprint changed between turns")
 	}
-	if got := fingerprint(`{"model":"m","messages":[]}`, 1024); got != "" {
+	if got := Fingerprint(`{"model":"m","messages":[]}`, 1024); got != "" {
 		t.Fatalf("empty conversation got fingerprint %q", got)
 	}
 	// only the first limit bytes count
 	long1 := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("a", 100) + `x"}]}`
 	long2 := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("a", 100) + `y"}]}`
-	if fingerprint(long1, 50) != fingerprint(long2, 50) {
+	if Fingerprint(long1, 50) != Fingerprint(long2, 50) {
 		t.Fatal("bytes past the limit changed the fingerprint")
 	}
-	if fingerprint(long1, 4096) == fingerprint(long2, 4096) {
+	if Fingerprint(long1, 4096) == Fingerprint(long2, 4096) {
 		t.Fatal("bytes within the limit did not change the fingerprint")
 	}
 }
@@ -194,26 +194,26 @@ func FuzzBodyKeys(f *testing.F) {
 	f.Add(`{"messages":[],"metadata":{"user_id":"u_session_s"},"stream":true}`)
 	f.Add(`{"tools":[{"metadata":{"a":"}"}}],"x":1}`)
 	f.Fuzz(func(t *testing.T, body string) {
-		if k := sessionFromBody(body); len(k) > maxKeyLen {
-			t.Fatalf("key longer than %d: %d", maxKeyLen, len(k))
+		if k := SessionFromBody(body); len(k) > MaxKeyLen {
+			t.Fatalf("key longer than %d: %d", MaxKeyLen, len(k))
 		}
-		fp := fingerprint(body, 256)
+		fp := Fingerprint(body, 256)
 		if fp != "" && len(fp) != len(fingerprintPrefix)+32 {
 			t.Fatalf("bad fingerprint %q", fp)
 		}
-		if fp != fingerprint(body, 256) {
+		if fp != Fingerprint(body, 256) {
 			t.Fatal("fingerprint not deterministic")
 		}
-		_ = modelFromBody(body)
+		_ = ModelFromBody(body)
 		// the start read from any first bytes of a valid body is the
 		// whole body's start, or refused
 		if gjson.Valid(body) {
-			full := startFingerprint(body, 256)
+			full := StartFingerprint(body, 256)
 			for _, cut := range []int{len(body) / 3, len(body) / 2, len(body) - 1} {
 				if cut <= 0 {
 					continue
 				}
-				if fp, ok := startFromPrefix(body[:cut], 256); ok && fp != full {
+				if fp, ok := StartFromPrefix(body[:cut], 256); ok && fp != full {
 					t.Fatalf("start from %d of %d bytes %x, whole body's %x", cut, len(body), fp, full)
 				}
 			}
@@ -234,7 +234,7 @@ func FuzzBodyKeys(f *testing.F) {
 // markers change, the start does not), different after a compaction
 // replaces the history with a summary, 0 when there is no start.
 func TestStartFingerprint(t *testing.T) {
-	start, lone := splitStart(startFingerprint(claudeBody("fix the bug in main.go", 1, "aaa"), defaultFingerprintBytes))
+	start, lone := SplitStart(StartFingerprint(claudeBody("fix the bug in main.go", 1, "aaa"), DefaultFingerprintBytes))
 	if start == 0 || !lone {
 		t.Fatalf("start %x, lone %v: want a start, and lone (one message)", start, lone)
 	}
@@ -249,15 +249,15 @@ func TestStartFingerprint(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got, _ := splitStart(startFingerprint(tc.body, defaultFingerprintBytes))
+			got, _ := SplitStart(StartFingerprint(tc.body, DefaultFingerprintBytes))
 			if got == 0 || (got == start) != tc.same {
 				t.Fatalf("start %x, first turn's %x, want same=%v", got, start, tc.same)
 			}
 		})
 	}
 	for _, body := range []string{`{}`, `{"model":"m"}`, `not json`, ``} {
-		if got := startFingerprint(body, defaultFingerprintBytes); got != 0 {
-			t.Errorf("startFingerprint(%q) = %x, want 0", body, got)
+		if got := StartFingerprint(body, DefaultFingerprintBytes); got != 0 {
+			t.Errorf("StartFingerprint(%q) = %x, want 0", body, got)
 		}
 	}
 }
@@ -276,13 +276,13 @@ func TestStartLone(t *testing.T) {
 		{`{"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":"hi"}]}`, false},
 		{`{"model":"m","messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"yo"},{"role":"user","content":"go on"}]}`, false},
 	} {
-		start, lone := splitStart(startFingerprint(tc.body, defaultFingerprintBytes))
+		start, lone := SplitStart(StartFingerprint(tc.body, DefaultFingerprintBytes))
 		if start == 0 || lone != tc.lone {
 			t.Errorf("%s: start %x lone %v, want lone %v", tc.body, start, lone, tc.lone)
 		}
-		full := startFingerprint(tc.body, defaultFingerprintBytes)
+		full := StartFingerprint(tc.body, DefaultFingerprintBytes)
 		for cut := 1; cut < len(tc.body); cut++ {
-			if fp, ok := startFromPrefix(tc.body[:cut], defaultFingerprintBytes); ok && fp != full {
+			if fp, ok := StartFromPrefix(tc.body[:cut], DefaultFingerprintBytes); ok && fp != full {
 				t.Errorf("%s: from %d bytes %x, whole body %x", tc.body, cut, fp, full)
 			}
 		}

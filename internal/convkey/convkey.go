@@ -1,4 +1,8 @@
-package caddymodule
+// Package convkey finds the conversation a request belongs to: its key from
+// the session headers, the body's metadata or a fingerprint of the
+// conversation's start, the model it names, and the start fingerprint that
+// restart detection compares. It is pure: no I/O, no Caddy, no state.
+package convkey
 
 import (
 	"crypto/sha256"
@@ -32,25 +36,29 @@ const (
 	// started a sub-agent; absent, the parent is the main conversation.
 	DefaultParentAgentHeader = "X-Claude-Code-Parent-Agent-Id"
 
-	// maxKeyLen bounds a key taken from a header or body field, and a model
+	// MaxKeyLen bounds a key taken from a header or body field, and a model
 	// name. A longer key is kept as its start and a digest of all of it
 	// (compactKey): conversations whose keys differ anywhere stay apart.
-	maxKeyLen = 256
+	MaxKeyLen = 256
+
+	// DefaultFingerprintBytes is how much of a body the fingerprint reads
+	// by default.
+	DefaultFingerprintBytes = 32 << 10
 
 	fingerprintPrefix = "fp:"
 )
 
-// keyExtractor finds a conversation key in a request. Its zero value finds
+// Extractor finds a conversation key in a request. Its zero value finds
 // nothing; newKeyExtractor fills in canonical header names once so the
 // per-request path only does map lookups.
-type keyExtractor struct {
+type Extractor struct {
 	headers     []string // canonical MIME form
 	agent       string
 	parentAgent string
 }
 
-func newKeyExtractor(headers []string, agent, parentAgent string) keyExtractor {
-	ke := keyExtractor{headers: make([]string, 0, len(headers))}
+func NewExtractor(headers []string, agent, parentAgent string) Extractor {
+	ke := Extractor{headers: make([]string, 0, len(headers))}
 	for _, h := range headers {
 		ke.headers = append(ke.headers, textproto.CanonicalMIMEHeaderKey(h))
 	}
@@ -63,19 +71,19 @@ func newKeyExtractor(headers []string, agent, parentAgent string) keyExtractor {
 	return ke
 }
 
-// defaultKeyExtractor is what the selection policy uses when the handler did
+// DefaultExtractor is what the selection policy uses when the handler did
 // not run.
-var defaultKeyExtractor = newKeyExtractor(DefaultSessionHeaders, DefaultAgentHeader, DefaultParentAgentHeader)
+var DefaultExtractor = NewExtractor(DefaultSessionHeaders, DefaultAgentHeader, DefaultParentAgentHeader)
 
-// fromHeaders returns the conversation key and the key of its parent
+// FromHeaders returns the conversation key and the key of its parent
 // conversation ("" when it has none) from the configured headers.
-func (ke *keyExtractor) fromHeaders(h http.Header) (key, parent string) {
+func (ke *Extractor) FromHeaders(h http.Header) (key, parent string) {
 	for _, name := range ke.headers {
 		v := h[name]
 		if len(v) == 0 || v[0] == "" {
 			continue
 		}
-		key = compactKey(strings.TrimSpace(v[0]))
+		key = Compact(strings.TrimSpace(v[0]))
 		if key == "" {
 			continue
 		}
@@ -91,27 +99,27 @@ func (ke *keyExtractor) fromHeaders(h http.Header) (key, parent string) {
 	parent = key
 	if ke.parentAgent != "" {
 		if pa := h[ke.parentAgent]; len(pa) > 0 && pa[0] != "" {
-			parent = key + "/" + compactKey(pa[0])
+			parent = key + "/" + Compact(pa[0])
 		}
 	}
-	return key + "/" + compactKey(agent[0]), parent
+	return key + "/" + Compact(agent[0]), parent
 }
 
 // keyDigestLen is the length of the hex digest that ends a compacted key.
 const keyDigestLen = 40
 
-// compactKey returns s when it is at most maxKeyLen bytes long, else a key of
+// Compact returns s when it is at most maxKeyLen bytes long, else a key of
 // exactly maxKeyLen bytes made of s's start, "~" and a SHA-256 digest (160
 // bits, hex) of the whole of s: keys that differ only past the start get
 // different bindings, and what is kept per request (and logged) stays small.
-func compactKey(s string) string {
-	if len(s) <= maxKeyLen {
+func Compact(s string) string {
+	if len(s) <= MaxKeyLen {
 		return s
 	}
 	sum := sha256.Sum256([]byte(s))
 	var b strings.Builder
-	b.Grow(maxKeyLen)
-	b.WriteString(s[:maxKeyLen-1-keyDigestLen])
+	b.Grow(MaxKeyLen)
+	b.WriteString(s[:MaxKeyLen-1-keyDigestLen])
 	b.WriteByte('~')
 	var hx [keyDigestLen]byte
 	hex.Encode(hx[:], sum[:keyDigestLen/2])
@@ -119,28 +127,28 @@ func compactKey(s string) string {
 	return b.String()
 }
 
-func clip(s string) string {
-	if len(s) > maxKeyLen {
-		return s[:maxKeyLen]
+func Clip(s string) string {
+	if len(s) > MaxKeyLen {
+		return s[:MaxKeyLen]
 	}
 	return s
 }
 
-// bytesView returns b as a string without copying. The caller keeps b alive
+// BytesView returns b as a string without copying. The caller keeps b alive
 // and unmodified while the string (or anything gjson returns from it) is used.
-func bytesView(b []byte) string {
+func BytesView(b []byte) string {
 	if len(b) == 0 {
 		return ""
 	}
 	return unsafe.String(unsafe.SliceData(b), len(b))
 }
 
-// sessionFromBody returns the session key a client put in the body's
+// SessionFromBody returns the session key a client put in the body's
 // metadata: metadata.user_id in Claude Code's two forms
 // ("user_<hash>_account_<uuid>_session_<uuid>" or a JSON-encoded object with
 // "session_id"), then metadata.session_id. The result is a copy, safe to
 // keep after the body is gone.
-func sessionFromBody(body string) string {
+func SessionFromBody(body string) string {
 	meta, ok := trailingMetadata(body)
 	if !ok {
 		meta = gjson.Get(body, "metadata")
@@ -152,17 +160,17 @@ func sessionFromBody(body string) string {
 		s := uid.Str
 		if i := strings.LastIndex(s, "_session_"); i >= 0 {
 			if v := s[i+len("_session_"):]; v != "" {
-				return strings.Clone(compactKey(v))
+				return strings.Clone(Compact(v))
 			}
 		}
 		if t := strings.TrimSpace(s); strings.HasPrefix(t, "{") {
 			if v := gjson.Get(t, "session_id"); v.Type == gjson.String && v.Str != "" {
-				return strings.Clone(compactKey(v.Str))
+				return strings.Clone(Compact(v.Str))
 			}
 		}
 	}
 	if v := meta.Get("session_id"); v.Type == gjson.String && v.Str != "" {
-		return strings.Clone(compactKey(v.Str))
+		return strings.Clone(Compact(v.Str))
 	}
 	return ""
 }
@@ -236,27 +244,27 @@ func objectEnd(s string) int {
 
 func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
 
-// modelFromBody returns the body's top-level "model" field (a copy).
-func modelFromBody(body string) string {
+// ModelFromBody returns the body's top-level "model" field (a copy).
+func ModelFromBody(body string) string {
 	v := gjson.Get(body, "model")
 	if v.Type != gjson.String {
 		return ""
 	}
-	return strings.Clone(clip(v.Str))
+	return strings.Clone(Clip(v.Str))
 }
 
 // billingPrefix starts the system block Claude Code inserts with a value that
 // changes on every request; it must not take part in the fingerprint.
 const billingPrefix = `"x-anthropic-billing-header`
 
-// fingerprint hashes the start of a conversation — the model, the system
+// Fingerprint hashes the start of a conversation — the model, the system
 // prompt and the first user message — so clients that send no key still get
 // affinity: every later turn resends the same start. At most limit bytes of
 // text are hashed. Only text values are hashed (as their raw JSON literals),
 // so markers that move between turns (cache_control) do not change the key,
 // and Claude Code's per-request billing block is skipped. It returns "" when
 // the body has neither a system prompt nor a user message.
-func fingerprint(body string, limit int) string {
+func Fingerprint(body string, limit int) string {
 	fp, ok := hashStart(body, limit)
 	if !ok {
 		return ""
@@ -265,35 +273,35 @@ func fingerprint(body string, limit int) string {
 }
 
 // startLone is the lowest bit of what startFingerprint and
-// startFromPrefix return: set when the request holds one message only
+// StartFromPrefix return: set when the request holds one message only
 // (placement.Request.Lone: a title request, a classifier call, a probe);
 // the other bits are the start (see splitStart). It is read with the start
 // from the same first bytes.
 const startLone = 1
 
-// splitStart splits what startFingerprint returns into the start
+// SplitStart splits what startFingerprint returns into the start
 // (placement.Request.Start; 0 = unknown) and whether the request holds one
 // message.
-func splitStart(v uint64) (start uint64, lone bool) {
+func SplitStart(v uint64) (start uint64, lone bool) {
 	return v &^ startLone, v&startLone != 0
 }
 
-// startFingerprint is a number for the router's restart detection
+// StartFingerprint is a number for the router's restart detection
 // (placement.Request.Start, with startLone: see splitStart): a conversation whose key comes from a header
 // but whose start changed was compacted or cleared. The start is the model
 // and the messages up to the first user message (the system prompt stays
 // the same across a conversation, so it tells nothing here, and leaving it
 // out lets the start be read from a body's first bytes: see
 // startFromPrefix). It returns 0 (unknown) when the body has no start.
-func startFingerprint(body string, limit int) uint64 {
+func StartFingerprint(body string, limit int) uint64 {
 	fp, _ := hashRestartStart(body, limit, false)
 	return fp
 }
 
-// startFromPrefix is startFingerprint of a body of which prefix is the
+// StartFromPrefix is startFingerprint of a body of which prefix is the
 // start; ok is false when prefix ends before the start does (the caller
 // then reads the whole body).
-func startFromPrefix(prefix string, limit int) (fp uint64, ok bool) {
+func StartFromPrefix(prefix string, limit int) (fp uint64, ok bool) {
 	return hashRestartStart(prefix, limit, true)
 }
 
@@ -305,7 +313,7 @@ func hashRestartStart(body string, limit int, partial bool) (uint64, bool) {
 	fp := fnv128{budget: limit}
 	fp.init()
 	model := gjson.Get(body, "model")
-	if !model.Exists() || (partial && !endsInside(model, body)) {
+	if !model.Exists() || (partial && !EndsInside(model, body)) {
 		return 0, false
 	}
 	fp.write(model.Raw)
@@ -353,7 +361,7 @@ func (f *fnv128) messages(body string, partial bool) bool {
 		if !m.Exists() {
 			return !partial
 		}
-		if partial && !endsInside(m, body) {
+		if partial && !EndsInside(m, body) {
 			return false
 		}
 		role := m.Get("role").Str
@@ -375,9 +383,9 @@ func (f *fnv128) messages(body string, partial bool) bool {
 	return true
 }
 
-// endsInside reports whether the value v found in body ends before body
+// EndsInside reports whether the value v found in body ends before body
 // does (body may be the first bytes of a document).
-func endsInside(v gjson.Result, body string) bool {
+func EndsInside(v gjson.Result, body string) bool {
 	return v.Index > 0 && v.Index+len(v.Raw) < len(body)
 }
 
@@ -467,4 +475,11 @@ func (f *fnv128) sum() string {
 	copy(out[:], fingerprintPrefix)
 	hex.Encode(out[len(fingerprintPrefix):], buf[:])
 	return string(out[:])
+}
+
+// BudgetLeft returns how many of the limit bytes the fingerprint of body
+// left unread; above 0, it reached the first user message.
+func BudgetLeft(body string, limit int) int {
+	fp, _ := hashStart(body, limit)
+	return fp.budget
 }

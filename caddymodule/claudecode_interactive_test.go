@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/lmwarden/caddy-lmwarden/emulator"
 	"github.com/lmwarden/caddy-lmwarden/internal/convkey"
 )
 
@@ -119,7 +120,23 @@ var interactiveRuns int
 // requests are counted as side requests, and the keyless HEAD /api/hello
 // (404 from the emulator, as from vLLM) takes no replica out.
 func TestClaudeCodeInteractiveReplayThroughCaddy(t *testing.T) {
-	_, ids := startEmulator(t, 4, 50)
+	// KV caches as large as the captures' own set-up had (100,000 blocks):
+	// the subject is where side requests, restarts and sub-agents go, and
+	// with the reference card's 36,800 tokens a ≈35k-token conversation
+	// fills its replica, so working-set admission would place its sub-agent
+	// elsewhere on some runs, depending on when its turns ended
+	engine := emulator.DefaultEngineConfig()
+	engine.NumGPUBlocks = 100000
+	engine.MaxModelLen = 400000
+	emu, err := emulator.NewServer(emulator.ServerConfig{Replicas: 4, Speed: 50, Model: "qwen3-4b", Engine: engine})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = emu.Close() })
+	var ids []string
+	for _, u := range emu.URLs() {
+		ids = append(ids, strings.TrimPrefix(u, "http://"))
+	}
 	// a model name of its own per run: a router outlives a reload, and the
 	// bindings of an earlier run (-count) would name replicas now gone
 	interactiveRuns++

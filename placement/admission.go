@@ -269,7 +269,10 @@ func (p *replica) sampleBusy() {
 	if p.inflight.Load() > 0 {
 		b = 1
 	}
-	p.busy += (b - p.busy) / busyPolls
+	if p.busyN < busyPolls {
+		p.busyN++
+	}
+	p.busy += (b - p.busy) / float64(p.busyN)
 }
 
 // oversize reports whether a new conversation of est tokens fits no

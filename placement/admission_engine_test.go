@@ -41,6 +41,26 @@ func TestAdmissionAgreesWithEngine(t *testing.T) {
 			},
 		},
 		{
+			// the demo's case: a stage of a few polls, each finding a turn in
+			// flight; the moment between two turns is not idleness
+			name: "a replica polled busy is not idle between two turns",
+			n:    1, cap: 20000,
+			run: func(t *testing.T, r *Router) {
+				d, _ := admitTurn(t, r, "a", 18000, t0)
+				for range 10 {
+					r.UpdateLoad("r0", Load{Reachable: true, KVTokens: 20000, Running: 1, KVUsage: 0.9})
+				}
+				finishTurn(r, "a", d, t0.Add(time.Second), 18000, 0, 100)
+				r.UpdateLoad("r0", Load{Reachable: true, KVTokens: 20000, KVUsage: 0.02})
+				if b := r.Snapshot().Replicas[0].Busy; b < idleBusy {
+					t.Fatalf("busy share %.2f after 10 of 12 polls with a turn in flight, want ≥ %.1f", b, idleBusy)
+				}
+				if _, tk := admitTurn(t, r, "b", 9000, t0.Add(2*time.Second)); tk == nil {
+					t.Fatal("b admitted between two turns of a replica busy at 10 of its 12 polls")
+				}
+			},
+		},
+		{
 			name: "a replica whose engine has requests waiting is not idle",
 			n:    1, cap: 20000,
 			run: func(t *testing.T, r *Router) {

@@ -300,9 +300,12 @@ type replica struct {
 	// turns returning here (hits, over hitsN turns)
 	hits  float64
 	hitsN uint64
-	// busy is the share of recent polls that found a turn in flight here
-	// (an exponential mean over about busyPolls polls)
-	busy float64
+	// busy is the share of recent polls that found a turn in flight here:
+	// the plain mean of the first busyPolls polls (busyN counts them), then
+	// an exponential mean over about busyPolls, so a few polls of a busy
+	// replica already say busy instead of starting from idle
+	busy  float64
+	busyN int
 }
 
 func (p *replica) running() int {

@@ -668,7 +668,10 @@ func browserStableCard(t *testing.T, url string, settle time.Duration) caddymodu
 		c.Since = time.Time{}
 		c.Replicas = slices.Clone(c.Replicas)
 		for i := range c.Replicas {
+			// the poll time, and the busy share, a mean over polls that
+			// moves at every poll while nothing is in flight
 			c.Replicas[i].LastSeen = nil
+			c.Replicas[i].Busy = 0
 		}
 		b, _ := json.Marshal(c)
 		return string(b)

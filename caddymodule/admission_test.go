@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -262,13 +261,7 @@ func TestAdmissionCancelledLeaveNothing(t *testing.T) {
 	}
 	done := occupy(t, emu, model, "A")
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
-	settle := func() int {
-		client.CloseIdleConnections()
-		testClient.CloseIdleConnections()
-		runtime.GC()
-		time.Sleep(200 * time.Millisecond)
-		return runtime.NumGoroutine()
-	}
+	settle := func() int { return settledGoroutines(client) }
 	baseline := settle()
 	const total, workers = 1000, 50
 	var next, cancelledByClient atomic.Int64

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -196,4 +197,16 @@ func loadCaddyfile(cfg string) error {
 		return fmt.Errorf("loading: %w", err)
 	}
 	return nil
+}
+
+// settledGoroutines closes the idle connections of client and of the
+// tests' own client, lets the closed connections' goroutines end and
+// counts the goroutines left: the baseline and the after-count of the
+// tests that must leave nothing behind.
+func settledGoroutines(client *http.Client) int {
+	client.CloseIdleConnections()
+	testClient.CloseIdleConnections()
+	runtime.GC()
+	time.Sleep(200 * time.Millisecond)
+	return runtime.NumGoroutine()
 }

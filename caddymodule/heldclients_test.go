@@ -88,13 +88,7 @@ func TestHeldClientsThatLeaveLeaveTheQueue(t *testing.T) {
 	reached := engineRequests(t, emuURL)
 
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1000}}
-	settle := func() int {
-		client.CloseIdleConnections()
-		testClient.CloseIdleConnections()
-		runtime.GC()
-		time.Sleep(200 * time.Millisecond)
-		return runtime.NumGoroutine()
-	}
+	settle := func() int { return settledGoroutines(client) }
 	baseline := settle()
 
 	const total = 1000

@@ -289,13 +289,7 @@ func TestNoLeaksUnderTraffic(t *testing.T) {
 	if res := rs.send("/v1/messages", chatTurn("warm", 1, true), nil); res.status != http.StatusOK {
 		t.Fatalf("warm-up: %d", res.status)
 	}
-	settle := func() int {
-		client.CloseIdleConnections()
-		testClient.CloseIdleConnections()
-		runtime.GC()
-		time.Sleep(100 * time.Millisecond)
-		return runtime.NumGoroutine()
-	}
+	settle := func() int { return settledGoroutines(client) }
 	baseline := settle()
 
 	round := func(prefix string) {

@@ -6,7 +6,9 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"os"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -26,18 +28,24 @@ import (
 // The in-process Caddy of this package's tests: its admin endpoint and the
 // site's port, both on loopback, each the first of three free ports (the
 // tests use port+1 and port+2 for a second instance and the unused HTTPS
-// port), chosen when the test binary starts so that two test processes of
-// this package do not collide.
+// port), taken from one run of six so that the two cannot overlap, and
+// chosen when the test binary starts so that two test processes of this
+// package do not collide.
 var (
-	testAdminPort = freePortRun(3)
-	testHTTPPort  = freePortRun(3)
+	testPortBase  = freePortRun(6)
+	testAdminPort = testPortBase
+	testHTTPPort  = testPortBase + 3
 )
 
 // freePortRun returns the first of n consecutive loopback ports that are free
-// now.
+// now, below the kernel's ephemeral range: a port in that range can be taken
+// between this check and Caddy's bind by the local end of any outgoing
+// connection (a test client's, the store's), which once made the second
+// instance fail with "address already in use".
 func freePortRun(n int) int {
+	low := ephemeralLow()
 	for try := 0; try < 200; try++ {
-		base := 20000 + rand.IntN(40000)
+		base := 10000 + rand.IntN(low-10000-n)
 		var held []net.Listener
 		ok := true
 		for i := 0; i < n; i++ {
@@ -56,6 +64,25 @@ func freePortRun(n int) int {
 		}
 	}
 	panic("no run of free loopback ports")
+}
+
+// ephemeralLow is the first port of the kernel's ephemeral range (Linux's
+// net.ipv4.ip_local_port_range), 32768 where it cannot be read.
+func ephemeralLow() int {
+	const fallback = 32768
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return fallback
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return fallback
+	}
+	low, err := strconv.Atoi(f[0])
+	if err != nil || low < 12000 {
+		return fallback
+	}
+	return low
 }
 
 var siteURL = fmt.Sprintf("http://127.0.0.1:%d", testHTTPPort)

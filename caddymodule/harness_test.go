@@ -32,9 +32,8 @@ import (
 // chosen when the test binary starts so that two test processes of this
 // package do not collide.
 var (
-	testPortBase  = freePortRun(6)
-	testAdminPort = testPortBase
-	testHTTPPort  = testPortBase + 3
+	testAdminPort = freePortRun(6)
+	testHTTPPort  = testAdminPort + 3
 )
 
 // freePortRun returns the first of n consecutive loopback ports that are free

@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/lmwarden/caddy-lmwarden/emulator"
+	"github.com/lmwarden/caddy-lmwarden/internal/bindstore"
 	"github.com/lmwarden/caddy-lmwarden/placement"
 )
 
@@ -406,13 +407,13 @@ func TestOvercommitLoggedOncePerEpisode(t *testing.T) {
 // claimed in the shared store once admitted, so the other front-ends
 // follow it; while it waits, the store holds nothing for it.
 func TestAdmissionWithSharedStore(t *testing.T) {
-	s, _ := benchStore(t)
+	s, rds := sharedStore(t)
 	m := newModelState("adm-store", placement.Config{})
-	m.router = s.router
+	m.router = s.Router()
 	m.store.Store(s)
-	s.router.Reconfigure(placement.Config{MaxNumSeqs: 1 << 20, KVTokens: 1000, AdmitWindow: 10 * time.Minute})
+	m.router.Reconfigure(placement.Config{MaxNumSeqs: 1 << 20, KVTokens: 1000, AdmitWindow: 10 * time.Minute})
 	for _, id := range []string{"r0", "r1", "r2", "r3"} {
-		s.router.UpdateLoad(id, placement.Load{Reachable: true})
+		m.router.UpdateLoad(id, placement.Load{Reachable: true})
 	}
 	now := time.Now()
 	// one conversation in flight per replica: a fifth does not fit
@@ -434,9 +435,8 @@ func TestAdmissionWithSharedStore(t *testing.T) {
 	if err != nil || tk == nil {
 		t.Fatalf("held: ticket %v, %v; want a ticket", tk, err)
 	}
-	ctx := context.Background()
-	key := s.key(storeHash("held"))
-	if n, _ := s.rdb.Exists(ctx, key).Result(); n != 0 {
+	key := bindstore.Key(s.Config().Prefix, "adm-store", "held")
+	if n, _ := rds.Do("EXISTS", key); n != "0" {
 		t.Fatal("the store holds a binding for a conversation still waiting")
 	}
 	m.router.Unbind("a2") // room on one replica: a2 gone, its turn ended
@@ -450,7 +450,7 @@ func TestAdmissionWithSharedStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Release()
-	v, err := s.rdb.Get(ctx, key).Result()
+	v, err := rds.Do("GET", key)
 	if err != nil || !strings.HasSuffix(v, " "+d.Replica) {
 		t.Fatalf("store value %q (%v), want the admitted replica %s", v, err, d.Replica)
 	}

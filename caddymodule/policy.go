@@ -338,7 +338,7 @@ func (p *Policy) shared() sharedSettings {
 		DataParallelSize: max(p.DataParallelSize, 1),
 		ClientPinHeader:  textproto.CanonicalMIMEHeaderKey(p.ClientPinHeader),
 		RouteHeader:      p.RouteHeader == nil || *p.RouteHeader,
-		Store:            p.storeConfig().identity(),
+		Store:            p.storeConfig().Identity(),
 	}
 }
 
@@ -395,7 +395,7 @@ func (p *Policy) Validate() error {
 	case p.BytesPerToken < 0 || p.BytesPerToken > 64:
 		return fmt.Errorf("lm_warden %s: bytes_per_token must be in (0, 64], got %g", p.Model, p.BytesPerToken)
 	case p.Store != nil:
-		return p.storeConfig().validate(p.Model)
+		return p.storeConfig().Validate(p.Model)
 	}
 	return nil
 }

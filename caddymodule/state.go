@@ -15,6 +15,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap"
 
+	"github.com/lmwarden/caddy-lmwarden/internal/bindstore"
 	"github.com/lmwarden/caddy-lmwarden/placement"
 	"github.com/lmwarden/caddy-lmwarden/vllmstats"
 )
@@ -91,8 +92,8 @@ type modelState struct {
 
 	health atomic.Pointer[replicaSet] // the pool whose health checks feed the router
 
-	store   atomic.Pointer[bindStore] // the shared binding store; nil without one
-	storeMu sync.Mutex                // serialises replacing it
+	store   atomic.Pointer[bindstore.Store] // the shared binding store; nil without one
+	storeMu sync.Mutex                      // serialises replacing it
 }
 
 func newModelState(name string, rcfg placement.Config) *modelState {

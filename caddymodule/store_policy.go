@@ -14,7 +14,7 @@ func (p *Policy) storeConfig() StoreConfig {
 	if p.Store == nil {
 		return StoreConfig{}
 	}
-	return p.Store.resolved()
+	return p.Store.Resolved()
 }
 
 // applyStore gives the model's shared state this policy's store; the

@@ -1,13 +1,19 @@
 package caddymodule
 
 import (
-	"context"
-	"time"
-
 	"go.uber.org/zap"
 
+	"github.com/lmwarden/caddy-lmwarden/internal/bindstore"
 	"github.com/lmwarden/caddy-lmwarden/placement"
 )
+
+// StoreConfig configures the store a model's bindings are shared through
+// between front-ends (Caddy instances in front of the same replicas); see
+// the bindstore package.
+type StoreConfig = bindstore.Config
+
+// StoreStatus is the shared store's state on the routing card.
+type StoreStatus = bindstore.Status
 
 // route routes one turn: through the model's router alone, or, with a
 // shared store, through the router as the store's local cache. A new
@@ -16,7 +22,7 @@ import (
 // admitted.
 func (m *modelState) route(req placement.Request) (placement.Decision, *placement.Ticket, error) {
 	if s := m.store.Load(); s != nil && req.Key != "" {
-		return s.route(req)
+		return s.Route(req)
 	}
 	return m.router.Admit(req)
 }
@@ -26,10 +32,7 @@ func (m *modelState) route(req placement.Request) (placement.Decision, *placemen
 // front-end may have placed it meanwhile: the turn then follows that).
 func (m *modelState) admitted(req placement.Request, dec placement.Decision) (placement.Decision, error) {
 	if s := m.store.Load(); s != nil && req.Key != "" && dec.Reason == placement.ReasonPlaced {
-		if req.Now.IsZero() {
-			req.Now = time.Now()
-		}
-		return s.claimPlaced(req, storeHash(req.Key), dec)
+		return s.ClaimPlaced(req, dec)
 	}
 	return dec, nil
 }
@@ -41,20 +44,20 @@ func (m *modelState) configureStore(cfg *StoreConfig, logger *zap.Logger) error 
 	m.storeMu.Lock()
 	defer m.storeMu.Unlock()
 	old := m.store.Load()
-	if old != nil && cfg != nil && old.cfg == *cfg {
-		old.reconfigured()
+	if old != nil && cfg != nil && old.Config() == *cfg {
+		old.Reconfigured()
 		return nil
 	}
-	var s *bindStore
+	var s *bindstore.Store
 	if cfg != nil {
 		var err error
-		if s, err = newBindStore(m.name, *cfg, m.router, logger); err != nil {
+		if s, err = bindstore.New(m.name, *cfg, m.router, logger); err != nil {
 			return err
 		}
 	}
 	m.store.Store(s)
 	if old != nil {
-		old.close()
+		old.Close()
 	}
 	return nil
 }
@@ -64,14 +67,14 @@ func (m *modelState) closeStore() {
 	m.storeMu.Lock()
 	defer m.storeMu.Unlock()
 	if s := m.store.Swap(nil); s != nil {
-		s.close()
+		s.Close()
 	}
 }
 
 // storeStatus is the card's view of the store; nil without one.
 func (m *modelState) storeStatus() *StoreStatus {
 	if s := m.store.Load(); s != nil {
-		return s.status()
+		return s.Status()
 	}
 	return nil
 }
@@ -81,206 +84,16 @@ func (m *modelState) storeStatus() *StoreStatus {
 // reports whether a binding existed here or in the store.
 func (m *modelState) unbind(key string) bool {
 	found := m.router.Unbind(key)
-	s := m.store.Load()
-	if s == nil {
-		return found
+	if s := m.store.Load(); s != nil && s.Unbind(key) {
+		return true
 	}
-	h := storeHash(key)
-	s.confirmed.del(h)
-	s.pending.del(h)
-	if !s.up.Load() {
-		return found
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), max(20*s.timeout, 100*time.Millisecond))
-	defer cancel()
-	n, err := s.rdb.Del(ctx, s.key(h)).Result()
-	s.commands.Add(1)
-	if err != nil {
-		s.fail(err)
-		return found
-	}
-	s.enqueue(storeOp{kind: opDelete, h: h, key: key})
-	return found || n > 0
+	return found
 }
 
 // ended tells the store that a conversation's session ended here: its
 // binding is dropped everywhere.
 func (m *modelState) ended(key string) {
 	if s := m.store.Load(); s != nil {
-		h := storeHash(key)
-		s.confirmed.del(h)
-		s.enqueue(storeOp{kind: opDelete, h: h, key: key})
+		s.Ended(key)
 	}
-}
-
-// movedBy reports whether a decision changed the conversation's binding
-// in a way the other front-ends must follow: another replica, or the same
-// replica for a conversation that started over (its start changed).
-func movedBy(dec placement.Decision) bool {
-	return dec.Previous != "" || dec.Reason == placement.ReasonRestarted
-}
-
-// route routes a keyed turn with the store as the source of truth and the
-// router as its local cache:
-//
-//   - a move another front-end published for the conversation is applied
-//     first (Adopt, or Unbind);
-//   - a conversation the router holds and has confirmed with the store
-//     routes locally; a move it makes is written and published in the
-//     background, and its key's TTL refreshed once half of it has passed;
-//   - any other reads the store first (within the timeout): a binding
-//     found there is adopted; a new conversation is placed by the router
-//     and claimed with SET NX; when another front-end won the claim, the
-//     turn follows the winner.
-//
-// With the store out or slow, the turn routes with the local bindings
-// (counted as a fallback); nothing on this path waits past the timeout.
-func (s *bindStore) route(req placement.Request) (placement.Decision, *placement.Ticket, error) {
-	r := s.router
-	if req.Now.IsZero() {
-		req.Now = time.Now()
-	}
-	now := req.Now.UnixNano()
-	h := storeHash(req.Key)
-	if s.pending.size() > 0 {
-		if mv, ok := s.pending.take(h); ok && now-mv.at < s.ttl.Load() {
-			s.applyMove(req, h, mv)
-		}
-	}
-	if !s.up.Load() {
-		return s.fallback(req, h)
-	}
-	bound, held := r.Bound(req.Key)
-	if held {
-		if at, ok := s.confirmed.get(h); ok {
-			dec, err := r.Route(req)
-			if err != nil {
-				return dec, nil, err
-			}
-			switch {
-			case dec.Reason == placement.ReasonPlaced:
-				// the binding expired between the two looks: a new one
-				dec, err = s.claimPlaced(req, h, dec)
-				return dec, nil, err
-			case movedBy(dec):
-				s.confirmed.put(h, now)
-				s.enqueue(storeOp{kind: opMove, h: h, key: req.Key, value: storeValue{replica: dec.Replica, start: req.Start}})
-			case now-at > s.ttl.Load()/2 && dec.Reason != placement.ReasonAffinityOff && dec.Reason != placement.ReasonNoKey && dec.Reason != placement.ReasonSide:
-				s.confirmed.put(h, now)
-				s.enqueue(storeOp{kind: opRefresh, h: h, key: req.Key, value: storeValue{replica: dec.Replica, start: req.Start}})
-			}
-			return dec, nil, nil
-		}
-	}
-	if !r.Affinity() {
-		dec, err := r.Route(req)
-		return dec, nil, err
-	}
-	return s.routeRead(req, h, bound, held)
-}
-
-// fallback routes a turn with this front-end's bindings alone (the store
-// is out, or did not answer in time). A conversation it places or moves
-// is read from the store again at its next turn there.
-func (s *bindStore) fallback(req placement.Request, h uint64) (placement.Decision, *placement.Ticket, error) {
-	s.fallbacks.Add(1)
-	dec, tk, err := s.router.Admit(req)
-	if err == nil && (tk != nil || movedBy(dec) || dec.Reason == placement.ReasonPlaced) {
-		s.confirmed.del(h)
-	}
-	return dec, tk, err
-}
-
-// applyMove applies a move another front-end published for the request's
-// conversation.
-func (s *bindStore) applyMove(req placement.Request, h uint64, mv move) {
-	if mv.replica == "" {
-		s.router.Unbind(req.Key)
-		s.confirmed.del(h)
-		return
-	}
-	if s.router.Adopt(req.Key, mv.replica, mv.start, req.Now) {
-		s.adopted.Add(1)
-		s.confirmed.put(h, mv.at)
-		return
-	}
-	s.confirmed.del(h) // a replica unknown here: read the store
-}
-
-// routeRead is route for a conversation not held or not confirmed here.
-func (s *bindStore) routeRead(req placement.Request, h uint64, bound string, held bool) (placement.Decision, *placement.Ticket, error) {
-	r := s.router
-	now := req.Now.UnixNano()
-	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
-	defer cancel()
-	key := s.key(h)
-	cur, found, err := s.read(ctx, key)
-	if err != nil {
-		s.fail(err)
-		return s.fallback(req, h)
-	}
-	known := true // the store's replica is one this front-end knows
-	switch {
-	case found && (!held || cur.replica != bound):
-		if known = r.Adopt(req.Key, cur.replica, cur.start, req.Now); known {
-			s.adopted.Add(1)
-		}
-	case !found && held:
-		// the store lost it (restarted), or it was out when the
-		// conversation was placed: claim this front-end's binding
-		win, lost, err := s.claim(ctx, key, storeValue{replica: bound, start: req.Start})
-		if err != nil {
-			s.fail(err)
-			return s.fallback(req, h)
-		}
-		if lost && r.Adopt(req.Key, win.replica, win.start, req.Now) {
-			s.adopted.Add(1)
-		}
-	}
-	dec, tk, err := r.Admit(req)
-	if err != nil || tk != nil {
-		// a new conversation waiting for room: claimed once admitted
-		return dec, tk, err
-	}
-	switch {
-	case dec.Reason == placement.ReasonPlaced && !found:
-		dec, err = s.claimPlacedCtx(ctx, req, h, key, dec)
-		return dec, nil, err
-	case movedBy(dec) || (found && !known):
-		s.enqueue(storeOp{kind: opMove, h: h, key: req.Key, value: storeValue{replica: dec.Replica, start: req.Start}})
-	}
-	s.confirmed.put(h, now)
-	return dec, nil, nil
-}
-
-// claimPlaced claims a conversation the router has just placed.
-func (s *bindStore) claimPlaced(req placement.Request, h uint64, dec placement.Decision) (placement.Decision, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
-	defer cancel()
-	return s.claimPlacedCtx(ctx, req, h, s.key(h), dec)
-}
-
-// claimPlacedCtx writes the router's placement of a new conversation to
-// the store unless another front-end got there first; then the turn is
-// routed again, to the winner's replica.
-func (s *bindStore) claimPlacedCtx(ctx context.Context, req placement.Request, h uint64, key string, dec placement.Decision) (placement.Decision, error) {
-	win, lost, err := s.claim(ctx, key, storeValue{replica: dec.Replica, start: req.Start})
-	if err != nil {
-		s.fail(err)
-		s.fallbacks.Add(1)
-		return dec, nil
-	}
-	s.confirmed.put(h, req.Now.UnixNano())
-	if !lost || win.replica == dec.Replica {
-		return dec, nil
-	}
-	if !s.router.Adopt(req.Key, win.replica, win.start, req.Now) {
-		// the winner's replica is unknown here: keep this placement,
-		// and make it the store's
-		s.enqueue(storeOp{kind: opMove, h: h, key: req.Key, value: storeValue{replica: dec.Replica, start: req.Start}})
-		return dec, nil
-	}
-	s.adopted.Add(1)
-	dec.Release()
-	return s.router.Route(req)
 }

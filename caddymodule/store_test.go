@@ -18,7 +18,9 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/lmwarden/caddy-lmwarden/internal/bindstore"
 	"github.com/lmwarden/caddy-lmwarden/internal/redisserver"
+	"github.com/lmwarden/caddy-lmwarden/placement"
 )
 
 // childCaddyEnv names the Caddyfile a re-executed test binary serves: the
@@ -373,7 +375,7 @@ func TestSharedStoreTwoInstances(t *testing.T) {
 		}
 		deadline := time.Now().Add(5 * time.Second)
 		for {
-			v, _ := rds.Do("EXISTS", (&bindStore{keyPre: "lmwtest:" + model + ":b:"}).key(storeHash(conv)))
+			v, _ := rds.Do("EXISTS", bindstore.Key("lmwtest:", model, conv))
 			if v == "0" {
 				break
 			}
@@ -432,7 +434,7 @@ func storeGoroutines(client bool) int {
 	_ = pprof.Lookup("goroutine").WriteTo(&b, 1)
 	n := 0
 	for _, block := range strings.Split(b.String(), "\n\n") {
-		if strings.Contains(block, "caddymodule.(*bindStore)") || (client && strings.Contains(block, "github.com/redis/go-redis")) {
+		if strings.Contains(block, "bindstore.(*Store)") || (client && strings.Contains(block, "github.com/redis/go-redis")) {
 			var count int
 			fmt.Sscanf(block, "%d @", &count)
 			n += count
@@ -471,7 +473,7 @@ func TestStoreReloads(t *testing.T) {
 		{"store again, same", storeBlock(rds.Addr, ""), 3},
 		{"no store at last", "", 0},
 	}
-	var kept *bindStore
+	var kept *bindstore.Store
 	for _, st := range steps {
 		loadSite(t, site(st.store))
 		m, ok := lookupModel(model)
@@ -491,4 +493,34 @@ func TestStoreReloads(t *testing.T) {
 			t.Errorf("%s: %d store goroutines, want %d", st.name, n, st.want)
 		}
 	}
+}
+
+// sharedStore connects a router with replicas r0..r3 to a fresh
+// redis-server through the shared store, as a model's policy does;
+// skipped without redis-server.
+func sharedStore(t *testing.T) (*bindstore.Store, *redisserver.Server) {
+	t.Helper()
+	rds, err := redisserver.Start()
+	if err == redisserver.ErrMissing {
+		t.Skip("redis-server is not installed (Debian: apt-get install redis-server)")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rds.Close)
+	r := placement.NewRouter(placement.Config{MaxNumSeqs: 1 << 20})
+	r.SetReplicas([]string{"r0", "r1", "r2", "r3"})
+	s, err := bindstore.New("adm-store", StoreConfig{Type: "redis", Address: rds.Addr, Prefix: "lmwtest:", Timeout: caddy.Duration(100 * time.Millisecond)}, r, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	deadline := time.Now().Add(10 * time.Second)
+	for !s.Status().Connected {
+		if time.Now().After(deadline) {
+			t.Fatal("store did not connect")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return s, rds
 }

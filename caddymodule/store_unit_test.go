@@ -8,48 +8,9 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
-)
 
-func TestStoreKeyAndValue(t *testing.T) {
-	s := &bindStore{keyPre: "lmw:m:b:"}
-	for _, tc := range []struct {
-		h    uint64
-		want string
-	}{
-		{0, "lmw:m:b:0000000000000000"},
-		{1, "lmw:m:b:0000000000000001"},
-		{0xabc, "lmw:m:b:0000000000000abc"},
-		{^uint64(0), "lmw:m:b:ffffffffffffffff"},
-	} {
-		if got := s.key(tc.h); got != tc.want {
-			t.Errorf("key(%x) = %q, want %q", tc.h, got, tc.want)
-		}
-	}
-	for _, tc := range []struct {
-		in   string
-		want storeValue
-		ok   bool
-	}{
-		{"5eed 10.0.0.5:8000", storeValue{replica: "10.0.0.5:8000", start: 0x5eed}, true},
-		{"0 10.0.0.5:8000#3", storeValue{replica: "10.0.0.5:8000#3"}, true},
-		{"10.0.0.5:8000", storeValue{}, false},
-		{"zz 10.0.0.5:8000", storeValue{}, false},
-		{"0 ", storeValue{}, false},
-	} {
-		got, ok := parseStoreValue(tc.in)
-		if ok != tc.ok || got != tc.want {
-			t.Errorf("parse(%q) = %+v %v, want %+v %v", tc.in, got, ok, tc.want, tc.ok)
-		}
-		if ok {
-			if back, _ := parseStoreValue(got.String()); back != got {
-				t.Errorf("round trip of %q: %+v", tc.in, back)
-			}
-		}
-	}
-	if storeHash("a") == storeHash("b") || storeHash("session") != storeHash("session") {
-		t.Error("storeHash is not a function of the key")
-	}
-}
+	"github.com/lmwarden/caddy-lmwarden/internal/bindstore"
+)
 
 func TestStoreCaddyfile(t *testing.T) {
 	tests := []struct {
@@ -147,7 +108,7 @@ func TestStoreValidate(t *testing.T) {
 	}
 	p := Policy{Model: "m", Store: &StoreConfig{Password: "{env.LMW_TEST_REDIS_PASSWORD}"}}
 	c := p.storeConfig()
-	if c.Password != "s3cret" || c.Address != DefaultStoreAddress || c.Prefix != DefaultStorePrefix || time.Duration(c.Timeout) != DefaultStoreTimeout {
+	if c.Password != "s3cret" || c.Address != bindstore.DefaultAddress || c.Prefix != bindstore.DefaultPrefix || time.Duration(c.Timeout) != bindstore.DefaultTimeout {
 		t.Fatalf("resolved %+v", c)
 	}
 	other := Policy{Model: "m", Store: &StoreConfig{Password: "other"}}

@@ -1,4 +1,4 @@
-package caddymodule
+package bindstore
 
 import (
 	"context"
@@ -15,7 +15,7 @@ import (
 
 // benchStore connects a router with replicas r0..r3 to a fresh
 // redis-server; skipped without one.
-func benchStore(tb testing.TB) (*bindStore, *redisserver.Server) {
+func benchStore(tb testing.TB) (*Store, *redisserver.Server) {
 	tb.Helper()
 	rds, err := redisserver.Start()
 	if err == redisserver.ErrMissing {
@@ -27,11 +27,11 @@ func benchStore(tb testing.TB) (*bindStore, *redisserver.Server) {
 	tb.Cleanup(rds.Close)
 	r := placement.NewRouter(placement.Config{MaxNumSeqs: 1 << 20})
 	r.SetReplicas([]string{"r0", "r1", "r2", "r3"})
-	s, err := newBindStore("bench", StoreConfig{Type: "redis", Address: rds.Addr, Prefix: "lmwbench:", Timeout: caddy100ms}, r, nil)
+	s, err := New("bench", Config{Type: "redis", Address: rds.Addr, Prefix: "lmwbench:", Timeout: caddy100ms}, r, nil)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	tb.Cleanup(s.close)
+	tb.Cleanup(s.Close)
 	deadline := time.Now().Add(10 * time.Second)
 	for !s.up.Load() {
 		if time.Now().After(deadline) {
@@ -69,7 +69,7 @@ func BenchmarkStoreRoute(b *testing.B) {
 	b.Run("local-hit", func(b *testing.B) {
 		s, rds := benchStore(b)
 		req := placement.Request{Key: "conversation-0001", Start: 0x5eed}
-		d, _, err := s.route(req)
+		d, _, err := s.Route(req)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -78,7 +78,7 @@ func BenchmarkStoreRoute(b *testing.B) {
 		b.ReportAllocs()
 		n := 0
 		for b.Loop() {
-			d, _, err := s.route(req)
+			d, _, err := s.Route(req)
 			if err != nil || d.Reason != placement.ReasonSticky {
 				b.Fatal(d.Reason, err)
 			}
@@ -102,7 +102,7 @@ func BenchmarkStoreRoute(b *testing.B) {
 		for b.Loop() {
 			s.router.Unbind(key)
 			s.confirmed.del(h)
-			d, _, err := s.route(req)
+			d, _, err := s.Route(req)
 			if err != nil || d.Replica != "r2" || d.Reason != placement.ReasonSticky {
 				b.Fatal(d.Replica, d.Reason, err)
 			}

@@ -1,8 +1,6 @@
-package caddymodule
-
-// The shared binding store: several Caddy front-ends in front of the same
-// replicas keep one set of bindings (conversation → replica) in Redis or
-// Valkey, so a conversation whose turns alternate between front-ends stays
+// Package bindstore is the shared binding store: several Caddy front-ends
+// in front of the same replicas keep one set of bindings (conversation →
+// replica) in Redis or Valkey, so a conversation whose turns alternate between front-ends stays
 // on one replica. Each front-end's router stays the local cache of the
 // store and the one that places conversations; the store is the source of
 // truth between front-ends. A front-end reads the store only for a
@@ -24,6 +22,7 @@ package caddymodule
 // path's few milliseconds), plain pipelines, and a pub/sub connection that
 // reconnects and resubscribes by itself; it is the client most operators
 // already know. Redis 7.0 or newer (or Valkey) is needed for SET NX GET.
+package bindstore
 
 import (
 	"context"
@@ -50,14 +49,14 @@ import (
 
 // Defaults of a store's settings.
 const (
-	DefaultStoreAddress = "127.0.0.1:6379"
-	DefaultStorePrefix  = "lmw:"
-	DefaultStoreTimeout = 5 * time.Millisecond
+	DefaultAddress = "127.0.0.1:6379"
+	DefaultPrefix  = "lmw:"
+	DefaultTimeout = 5 * time.Millisecond
 )
 
-// StoreConfig configures the store a model's bindings are shared through
+// Config configures the store a model's bindings are shared through
 // between front-ends (Caddy instances in front of the same replicas).
-type StoreConfig struct {
+type Config struct {
 	// Type of store: "redis" (Redis 7.0 or newer, or Valkey).
 	Type string `json:"type,omitempty"`
 	// Address of the server, host:port. Default 127.0.0.1:6379.
@@ -81,9 +80,9 @@ type StoreConfig struct {
 	Timeout caddy.Duration `json:"timeout,omitempty"`
 }
 
-// resolved returns the settings with placeholders ({env.*}) replaced and
+// Resolved returns the settings with placeholders ({env.*}) replaced and
 // defaults filled in.
-func (c StoreConfig) resolved() StoreConfig {
+func (c Config) Resolved() Config {
 	repl := caddy.NewReplacer()
 	c.Address = repl.ReplaceAll(c.Address, "")
 	c.Username = repl.ReplaceAll(c.Username, "")
@@ -93,19 +92,19 @@ func (c StoreConfig) resolved() StoreConfig {
 		c.Type = "redis"
 	}
 	if c.Address == "" {
-		c.Address = DefaultStoreAddress
+		c.Address = DefaultAddress
 	}
 	if c.Prefix == "" {
-		c.Prefix = DefaultStorePrefix
+		c.Prefix = DefaultPrefix
 	}
 	if c.Timeout <= 0 {
-		c.Timeout = caddy.Duration(DefaultStoreTimeout)
+		c.Timeout = caddy.Duration(DefaultTimeout)
 	}
 	return c
 }
 
-// validate checks the settings (after resolved).
-func (c StoreConfig) validate(model string) error {
+// Validate checks the settings (after Resolved).
+func (c Config) Validate(model string) error {
 	if c.Type != "redis" {
 		return fmt.Errorf("lm_warden %s: store type must be redis, got %q", model, c.Type)
 	}
@@ -121,10 +120,10 @@ func (c StoreConfig) validate(model string) error {
 	return nil
 }
 
-// identity is what policies of one model must agree on about the store;
+// Identity is what policies of one model must agree on about the store;
 // the password is compared by a digest, so an error message that lists the
 // settings in which two policies differ never shows it.
-func (c StoreConfig) identity() string {
+func (c Config) Identity() string {
 	if c.Type == "" {
 		return ""
 	}
@@ -271,12 +270,12 @@ const (
 // dropped (counted as errors).
 const storeQueue = 4096
 
-// bindStore is a model's connection to its shared store: the client, the
+// Store is a model's connection to its shared store: the client, the
 // subscriber of the move channel, the background writer and prober, and
 // what this front-end knows of the store's bindings.
-type bindStore struct {
+type Store struct {
 	model   string
-	cfg     StoreConfig
+	cfg     Config
 	rdb     *redis.Client
 	router  *placement.Router
 	logger  *zap.Logger
@@ -308,9 +307,9 @@ type bindStore struct {
 	lastErr                                                                                          atomic.Pointer[string]
 }
 
-// newBindStore connects a model's router to the store in cfg (resolved)
-// and starts its goroutines; close stops them.
-func newBindStore(model string, cfg StoreConfig, router *placement.Router, logger *zap.Logger) (*bindStore, error) {
+// New connects a model's router to the store in cfg (resolved)
+// and starts its goroutines; Close stops them.
+func New(model string, cfg Config, router *placement.Router, logger *zap.Logger) (*Store, error) {
 	if logger == nil {
 		logger = zap.NewNop()
 	}
@@ -343,7 +342,7 @@ func newBindStore(model string, cfg StoreConfig, router *placement.Router, logge
 	if _, err := rand.Read(id[:]); err != nil {
 		return nil, fmt.Errorf("store: %w", err)
 	}
-	s := &bindStore{
+	s := &Store{
 		model:   model,
 		cfg:     cfg,
 		rdb:     redis.NewClient(opt),
@@ -370,8 +369,8 @@ func newBindStore(model string, cfg StoreConfig, router *placement.Router, logge
 	return s, nil
 }
 
-// reconfigured follows the router's settings after a reload.
-func (s *bindStore) reconfigured() {
+// Reconfigured follows the router's settings after a reload.
+func (s *Store) Reconfigured() {
 	rc := s.router.Config()
 	s.ttl.Store(int64(rc.IdleTTL))
 	s.confirmed.setLimit(rc.MaxBindings)
@@ -379,14 +378,14 @@ func (s *bindStore) reconfigured() {
 }
 
 // close stops the goroutines and closes the client.
-func (s *bindStore) close() {
+func (s *Store) Close() {
 	s.cancel()
 	_ = s.ps.Close()
 	s.wg.Wait()
 	_ = s.rdb.Close()
 }
 
-func (s *bindStore) key(h uint64) string {
+func (s *Store) key(h uint64) string {
 	var b [64]byte
 	out := append(b[:0], s.keyPre...)
 	var hx [16]byte
@@ -402,7 +401,7 @@ func (s *bindStore) key(h uint64) string {
 // deadline passed in a row, takes the store out of the request path until
 // the prober finds it answering; the first failure of such an episode is
 // logged as a warning. A single slow answer only costs its own turn.
-func (s *bindStore) fail(err error) {
+func (s *Store) fail(err error) {
 	s.errs.Add(1)
 	msg := err.Error()
 	s.lastErr.Store(&msg)
@@ -423,7 +422,7 @@ func (s *bindStore) fail(err error) {
 const slowInARow = 3
 
 // ok records a call that succeeded.
-func (s *bindStore) ok() {
+func (s *Store) ok() {
 	if s.slow.Load() != 0 {
 		s.slow.Store(0)
 	}
@@ -438,7 +437,7 @@ func isTimeout(err error) bool {
 // the request path when it answers. Moves other front-ends made meanwhile
 // reach this one on the channel; when its connection broke, the
 // subscriber has this front-end read every conversation again (subscribe).
-func (s *bindStore) probe() {
+func (s *Store) probe() {
 	defer s.wg.Done()
 	first := true
 	for {
@@ -484,7 +483,7 @@ func (s *bindStore) probe() {
 // reconnects and resubscribes by itself; every subscription after the
 // first means messages may have been missed, so what this front-end had
 // confirmed is read again.
-func (s *bindStore) subscribe() {
+func (s *Store) subscribe() {
 	defer s.wg.Done()
 	subscribed := false
 	backoff := 50 * time.Millisecond
@@ -522,7 +521,7 @@ func (s *bindStore) subscribe() {
 
 // onMove records a move another front-end published:
 // "<front-end> <hash hex> <start hex> <replica>", replica "-" for unbound.
-func (s *bindStore) onMove(payload string) {
+func (s *Store) onMove(payload string) {
 	f := strings.SplitN(payload, " ", 4)
 	if len(f) != 4 || f[0] == s.self {
 		return
@@ -540,7 +539,7 @@ func (s *bindStore) onMove(payload string) {
 	s.pending.put(h, move{storeValue: storeValue{replica: rep, start: start}, at: time.Now().UnixNano()})
 }
 
-func (s *bindStore) moveMessage(h uint64, v storeValue) string {
+func (s *Store) moveMessage(h uint64, v storeValue) string {
 	rep := v.replica
 	if rep == "" {
 		rep = "-"
@@ -549,7 +548,7 @@ func (s *bindStore) moveMessage(h uint64, v storeValue) string {
 }
 
 // enqueue hands a write to the worker without waiting.
-func (s *bindStore) enqueue(op storeOp) {
+func (s *Store) enqueue(op storeOp) {
 	select {
 	case s.ops <- op:
 	default:
@@ -560,7 +559,7 @@ func (s *bindStore) enqueue(op storeOp) {
 
 // work sends the queued writes. While the store is out they are dropped:
 // what this front-end confirmed is read again when it is back.
-func (s *bindStore) work() {
+func (s *Store) work() {
 	defer s.wg.Done()
 	for {
 		select {
@@ -580,7 +579,7 @@ func (s *bindStore) work() {
 	}
 }
 
-func (s *bindStore) do(ctx context.Context, op storeOp) error {
+func (s *Store) do(ctx context.Context, op storeOp) error {
 	key := s.key(op.h)
 	ttl := time.Duration(s.ttl.Load())
 	switch op.kind {
@@ -623,7 +622,7 @@ func (s *bindStore) do(ctx context.Context, op storeOp) error {
 
 // read returns the store's binding of key and restarts its TTL (one round
 // trip: GET and PEXPIRE pipelined).
-func (s *bindStore) read(ctx context.Context, key string) (storeValue, bool, error) {
+func (s *Store) read(ctx context.Context, key string) (storeValue, bool, error) {
 	s.reads.Add(1)
 	s.commands.Add(2)
 	var get *redis.StringCmd
@@ -649,7 +648,7 @@ func (s *bindStore) read(ctx context.Context, key string) (storeValue, bool, err
 
 // claim sets key to v unless it is set (SET NX GET PX): lost reports that
 // another front-end holds it, win is its binding.
-func (s *bindStore) claim(ctx context.Context, key string, v storeValue) (win storeValue, lost bool, err error) {
+func (s *Store) claim(ctx context.Context, key string, v storeValue) (win storeValue, lost bool, err error) {
 	s.claims.Add(1)
 	s.commands.Add(1)
 	ttl := time.Duration(s.ttl.Load())
@@ -670,8 +669,8 @@ func (s *bindStore) claim(ctx context.Context, key string, v storeValue) (win st
 	return win, true, nil
 }
 
-// StoreStatus is the shared store's state on the routing card.
-type StoreStatus struct {
+// Status is the shared store's state on the routing card.
+type Status struct {
 	Type      string `json:"type"`
 	Address   string `json:"address"`
 	Prefix    string `json:"prefix"`
@@ -697,8 +696,8 @@ type StoreStatus struct {
 	LastError     string `json:"last_error"`
 }
 
-func (s *bindStore) status() *StoreStatus {
-	st := &StoreStatus{
+func (s *Store) Status() *Status {
+	st := &Status{
 		Type: s.cfg.Type, Address: s.cfg.Address, Prefix: s.cfg.Prefix, Connected: s.up.Load(),
 		Errors: s.errs.Load(), Fallbacks: s.fallbacks.Load(), Reads: s.reads.Load(),
 		Claims: s.claims.Load(), ClaimsLost: s.lost.Load(), Adopted: s.adopted.Load(),
@@ -722,7 +721,7 @@ func init() { redis.SetLogger(quietRedis{}) }
 
 // sleep waits *backoff, doubled afterwards up to 2 s; false when the store
 // is closing.
-func (s *bindStore) sleep(backoff *time.Duration) bool {
+func (s *Store) sleep(backoff *time.Duration) bool {
 	t := time.NewTimer(*backoff)
 	defer t.Stop()
 	select {

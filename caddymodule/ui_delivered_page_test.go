@@ -8,7 +8,7 @@ import (
 	"time"
 
 	. "github.com/lmwarden/caddy-lmwarden/caddymodule"
-	"github.com/lmwarden/caddy-lmwarden/caddymodule/pagetest"
+	"github.com/lmwarden/caddy-lmwarden/internal/pagetest"
 )
 
 // TestUIStatsDelivered checks the stats view's delivered share over the

@@ -20,7 +20,7 @@ import (
 	"time"
 
 	. "github.com/lmwarden/caddy-lmwarden/caddymodule"
-	"github.com/lmwarden/caddy-lmwarden/caddymodule/pagetest"
+	"github.com/lmwarden/caddy-lmwarden/internal/pagetest"
 )
 
 func ptr[T any](v T) *T { return &v }

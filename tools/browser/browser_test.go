@@ -33,7 +33,7 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/lmwarden/caddy-lmwarden/caddymodule"
-	"github.com/lmwarden/caddy-lmwarden/caddymodule/pagetest"
+	"github.com/lmwarden/caddy-lmwarden/internal/pagetest"
 	"github.com/lmwarden/caddy-lmwarden/emulator"
 )
 

@@ -33,8 +33,8 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/lmwarden/caddy-lmwarden/caddymodule"
-	"github.com/lmwarden/caddy-lmwarden/internal/pagetest"
 	"github.com/lmwarden/caddy-lmwarden/emulator"
+	"github.com/lmwarden/caddy-lmwarden/internal/pagetest"
 )
 
 // browserChromium is Debian's chromium, which scripts/test installs.

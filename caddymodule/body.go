@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"bytes"
+	"errors"
 	"io"
 	"math/bits"
 	"mime"
@@ -224,11 +225,15 @@ const peekSize = 4 << 10
 // needed (the key came from a header): clients put the model first, so
 // usually the first peekSize bytes hold it (see peek).
 func (h *Handler) peekModel(r *http.Request, rb *replayBody) (model string, body []byte, tooBig bool, err error) {
+	var twice bool
 	body, tooBig, err = h.peek(r, rb, peekSize, func(prefix string) bool {
 		var ok bool
-		model, ok = modelFromPrefix(prefix)
+		model, ok, twice = modelFromPrefix(prefix)
 		return ok
 	})
+	if err == nil && twice {
+		err = errModelTwice
+	}
 	return model, body, tooBig, err
 }
 
@@ -243,14 +248,18 @@ const peekStartSize = 64 << 10
 // hold the messages up to the first user message (see peek); start is 0
 // when the body was read in full (the caller computes it from body).
 func (h *Handler) peekStart(r *http.Request, rb *replayBody) (start uint64, model string, body []byte, tooBig bool, err error) {
+	var twice bool
 	body, tooBig, err = h.peek(r, rb, peekStartSize, func(prefix string) bool {
 		fp, ok := convkey.StartFromPrefix(prefix, h.FingerprintBytes)
 		if ok {
 			start = fp
-			model, _ = modelFromPrefix(prefix)
+			model, _, twice = modelFromPrefix(prefix)
 		}
 		return ok
 	})
+	if err == nil && twice {
+		err = errModelTwice
+	}
 	return start, model, body, tooBig, err
 }
 
@@ -301,23 +310,28 @@ func (h *Handler) peek(r *http.Request, rb *replayBody, limit int, found func(pr
 
 // modelFromPrefix returns the top-level "model" string of a JSON document
 // of which prefix is the start; ok is false when prefix ends before the
-// member does (or before it is reached).
-func modelFromPrefix(prefix string) (model string, ok bool) {
+// member does (or before it is reached). twice reports a second "model"
+// member in what prefix holds after it (convkey.SecondModel).
+func modelFromPrefix(prefix string) (model string, ok, twice bool) {
 	v := gjson.Get(prefix, "model")
 	if !v.Exists() {
-		return "", false
+		return "", false, false
 	}
 	if !convkey.EndsInside(v, prefix) {
-		return "", false
+		return "", false, false
 	}
 	if v.Type == gjson.String && (len(v.Raw) < 2 || v.Raw[len(v.Raw)-1] != '"') {
-		return "", false
+		return "", false, false
 	}
+	twice = convkey.SecondModel(prefix, v)
 	if v.Type != gjson.String {
-		return "", true
+		return "", true, twice
 	}
-	return strings.Clone(convkey.Clip(v.Str)), true
+	return strings.Clone(convkey.Clip(v.Str)), true, twice
 }
+
+// errModelTwice refuses a body that names its model twice.
+var errModelTwice = errors.New(`the request body has two "model" members: the engine would read the last, LM Warden routes by the first; send one`)
 
 // prefixBody is a body whose start was read: the start, then the rest.
 type prefixBody struct {

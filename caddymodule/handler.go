@@ -261,6 +261,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			return h.fail(w, r, st, caddyhttp.Error(http.StatusRequestEntityTooLarge,
 				fmt.Errorf("request body is larger than the gateway's limit of %d bytes", h.MaxBody)))
 		}
+		if errors.Is(err, errModelTwice) {
+			return h.fail(w, r, st, caddyhttp.Error(http.StatusBadRequest, err))
+		}
 		if err != nil {
 			return caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("reading request body: %w", err))
 		}
@@ -279,7 +282,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 				st.key = convkey.Fingerprint(view, h.FingerprintBytes)
 			}
 			if model == "" {
-				model = convkey.ModelFromBody(view)
+				var twice bool
+				if model, twice = convkey.ModelFromBody(view); twice {
+					return h.fail(w, r, st, caddyhttp.Error(http.StatusBadRequest, errModelTwice))
+				}
 			}
 		}
 	}

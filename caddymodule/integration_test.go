@@ -665,6 +665,47 @@ func TestOversizedBodyGets413InTheAPIsFormat(t *testing.T) {
 	}
 }
 
+// TestModelTwiceGets400: a body naming its model twice (an engine's JSON
+// parser keeps the last, the module's the first) is refused in the API's
+// format before any replica sees it, whether its key comes from a header
+// (the body's start read) or from its metadata (read in full), and however
+// the second name is spelled.
+func TestModelTwiceGets400(t *testing.T) {
+	fs := startFakes(t, 1)
+	loadSite(t, fmt.Sprintf(`
+	lm_warden
+	reverse_proxy %s {
+		%s
+	}`, dialList(fs), policyBlock("twice", "")))
+	pad := strings.Repeat("x", 3*peekSize)
+	for _, tc := range []struct {
+		name, path, body string
+		hdr              map[string]string
+	}{
+		{"header key, small", "/v1/messages", `{"model":"qwen3-4b","model":"other","messages":[{"role":"user","content":"hi"}]}`, session("twice-1")},
+		{"header key, large", "/v1/messages", `{"model":"qwen3-4b","max_tokens":9,"mod\u0065l":"other","messages":[{"role":"user","content":"` + pad + `"}]}`, session("twice-2")},
+		{"metadata key", "/v1/messages", `{"model":"qwen3-4b","model":"other","messages":[{"role":"user","content":"` + pad + `"}],"metadata":{"user_id":"user_x_account__session_twice-3"}}`, nil},
+		{"OpenAI", "/v1/chat/completions", `{"messages":[{"role":"user","content":"` + pad + `"}],"model":"qwen3-4b","model":"other"}`, session("twice-4")},
+	} {
+		res := sendTurn(t, tc.path, tc.body, tc.hdr)
+		if res.status != http.StatusBadRequest || !strings.Contains(res.body, `two \"model\" members`) {
+			t.Errorf("%s: %d %s, want 400 naming the two members", tc.name, res.status, res.body)
+		}
+		if strings.HasPrefix(tc.path, "/v1/messages") {
+			var ae anthropicError
+			if err := json.Unmarshal([]byte(res.body), &ae); err != nil || ae.Error.Type != "invalid_request_error" {
+				t.Errorf("%s: Anthropic error body %s", tc.name, res.body)
+			}
+		}
+	}
+	if n := len(fs[0].requests()); n != 0 {
+		t.Errorf("%d refused requests reached the upstream", n)
+	}
+	if res := sendTurn(t, "/v1/messages", chatTurn("once", 1, false), nil); res.status != http.StatusOK {
+		t.Errorf("one model: %d %s", res.status, res.body)
+	}
+}
+
 func TestNoReplicaJSONErrors(t *testing.T) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

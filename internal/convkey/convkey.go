@@ -244,13 +244,48 @@ func objectEnd(s string) int {
 
 func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
 
-// ModelFromBody returns the body's top-level "model" field (a copy).
-func ModelFromBody(body string) string {
+// ModelFromBody returns the body's top-level "model" field (a copy), and
+// twice when SecondModel finds another after it.
+func ModelFromBody(body string) (model string, twice bool) {
 	v := gjson.Get(body, "model")
-	if v.Type != gjson.String {
-		return ""
+	if !v.Exists() {
+		return "", false
 	}
-	return strings.Clone(Clip(v.Str))
+	twice = SecondModel(body, v)
+	if v.Type != gjson.String {
+		return "", twice
+	}
+	return strings.Clone(Clip(v.Str)), twice
+}
+
+// SecondModelSpan is how far past the first "model" member SecondModel
+// looks for a second.
+const SecondModelSpan = 4 << 10
+
+// SecondModel reports whether a JSON document (or its start) whose first
+// top-level "model" member has the value first holds a second one within
+// SecondModelSpan bytes after it. The engines' JSON parsers (Python's,
+// vLLM's and SGLang's) keep the last of duplicate members, gjson the first:
+// such a request would be routed by a model the engine does not read.
+// Finding one further on would cost reading the whole body; a member whose
+// name is escaped (\u006dodel) is found as gjson unescapes it.
+func SecondModel(doc string, first gjson.Result) bool {
+	end := first.Index + len(first.Raw)
+	if first.Index <= 0 || end > len(doc) {
+		return false
+	}
+	rest := doc[end:min(len(doc), end+SecondModelSpan)]
+	if !strings.Contains(rest, `"model"`) && !strings.Contains(rest, `\u`) {
+		return false
+	}
+	n := 0
+	gjson.Parse(doc[:end+len(rest)]).ForEach(func(k, _ gjson.Result) bool {
+		if k.Str == "model" {
+			n++
+		}
+		return n < 2
+	})
+	return n >= 2
 }
 
 // billingPrefix starts the system block Claude Code inserts with a value that

@@ -204,7 +204,9 @@ func FuzzBodyKeys(f *testing.F) {
 		if fp != Fingerprint(body, 256) {
 			t.Fatal("fingerprint not deterministic")
 		}
-		_ = ModelFromBody(body)
+		if m, _ := ModelFromBody(body); len(m) > MaxKeyLen {
+			t.Fatalf("model longer than %d: %d", MaxKeyLen, len(m))
+		}
 		// the start read from any first bytes of a valid body is the
 		// whole body's start, or refused
 		if gjson.Valid(body) {
@@ -286,5 +288,35 @@ func TestStartLone(t *testing.T) {
 				t.Errorf("%s: from %d bytes %x, whole body %x", tc.body, cut, fp, full)
 			}
 		}
+	}
+}
+
+// TestModelFromBody: the first top-level "model" is the model; a second
+// one near it (as an engine's parser would read the last) is reported, an
+// escaped name included; "model" inside other members is not a member.
+func TestModelFromBody(t *testing.T) {
+	far := `{"model":"a","messages":[{"role":"user","content":"` + strings.Repeat("x", SecondModelSpan) + `"}],"model":"b"}`
+	for _, tc := range []struct {
+		name, body string
+		model      string
+		twice      bool
+	}{
+		{"one", `{"model":"qwen3-4b","messages":[]}`, "qwen3-4b", false},
+		{"model last", `{"messages":[{"role":"user","content":"hi"}],"model":"qwen3-4b"}`, "qwen3-4b", false},
+		{"twice", `{"model":"a","max_tokens":1,"model":"b"}`, "a", true},
+		{"twice, escaped name", `{"model":"a","mod\u0065l":"b"}`, "a", true},
+		{"nested model", `{"model":"a","tools":[{"name":"Agent","input_schema":{"properties":{"model":{"type":"string"}}}}]}`, "a", false},
+		{"model in text", `{"model":"a","messages":[{"role":"user","content":"the \"model\": field"}]}`, "a", false},
+		{"escape in text", `{"model":"a","messages":[{"role":"user","content":"caf\u00e9"}]}`, "a", false},
+		{"not a string", `{"model":7,"model":"b"}`, "", true},
+		{"beyond the span", far, "a", false},
+		{"none", `{"messages":[]}`, "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, twice := ModelFromBody(tc.body)
+			if m != tc.model || twice != tc.twice {
+				t.Fatalf("ModelFromBody = %q, %v; want %q, %v", m, twice, tc.model, tc.twice)
+			}
+		})
 	}
 }

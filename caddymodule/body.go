@@ -286,7 +286,7 @@ func (h *Handler) peek(r *http.Request, rb *replayBody, limit int, found func(pr
 	}
 	for {
 		if found(convkey.BytesView(head)) {
-			r.Body = &prefixBody{Reader: io.MultiReader(bytes.NewReader(head), r.Body), body: r.Body}
+			r.Body = &prefixBody{head: head, body: r.Body}
 			return nil, false, nil
 		}
 		if len(head) >= limit {
@@ -334,9 +334,29 @@ func modelFromPrefix(prefix string) (model string, ok, twice bool) {
 var errModelTwice = errors.New(`the request body has two "model" members: the engine would read the last, LM Warden routes by the first; send one`)
 
 // prefixBody is a body whose start was read: the start, then the rest.
+// A Read that returns the last of the start goes on reading the rest into
+// the same buffer, so the proxy writes the start and the rest's first bytes
+// to the replica in one piece, as it would the plain body (a Read of the
+// start alone costs one more write to the replica's connection).
 type prefixBody struct {
-	io.Reader
+	head []byte
 	body io.ReadCloser
+}
+
+func (pb *prefixBody) Read(p []byte) (int, error) {
+	if len(pb.head) == 0 {
+		return pb.body.Read(p)
+	}
+	n := copy(p, pb.head)
+	pb.head = pb.head[n:]
+	if len(pb.head) > 0 || n == len(p) {
+		return n, nil
+	}
+	m, err := pb.body.Read(p[n:])
+	if err == io.EOF {
+		err = nil // the next Read reports it
+	}
+	return n + m, err
 }
 
 func (pb *prefixBody) Close() error { return pb.body.Close() }

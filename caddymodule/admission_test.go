@@ -407,10 +407,7 @@ func TestOvercommitLoggedOncePerEpisode(t *testing.T) {
 // claimed in the shared store once admitted, so the other front-ends
 // follow it; while it waits, the store holds nothing for it.
 func TestAdmissionWithSharedStore(t *testing.T) {
-	s, rds := sharedStore(t)
-	m := newModelState("adm-store", placement.Config{})
-	m.router = s.Router()
-	m.store.Store(s)
+	m, rds := sharedStore(t, "adm-store")
 	m.router.Reconfigure(placement.Config{MaxNumSeqs: 1 << 20, KVTokens: 1000, AdmitWindow: 10 * time.Minute})
 	for _, id := range []string{"r0", "r1", "r2", "r3"} {
 		m.router.UpdateLoad(id, placement.Load{Reachable: true})
@@ -435,7 +432,7 @@ func TestAdmissionWithSharedStore(t *testing.T) {
 	if err != nil || tk == nil {
 		t.Fatalf("held: ticket %v, %v; want a ticket", tk, err)
 	}
-	key := bindstore.Key(s.Config().Prefix, "adm-store", "held")
+	key := bindstore.Key("lmwtest:", "adm-store", "held")
 	if n, _ := rds.Do("EXISTS", key); n != "0" {
 		t.Fatal("the store holds a binding for a conversation still waiting")
 	}

@@ -99,7 +99,7 @@ func cardRow(c Card, id string) ReplicaRow {
 	return ReplicaRow{}
 }
 
-// eventually polls cond every 20 ms for at most 5 s.
+// waitFor polls cond every 20 ms for at most 5 s.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)

@@ -495,32 +495,17 @@ func TestStoreReloads(t *testing.T) {
 	}
 }
 
-// sharedStore connects a router with replicas r0..r3 to a fresh
-// redis-server through the shared store, as a model's policy does;
-// skipped without redis-server.
-func sharedStore(t *testing.T) (*bindstore.Store, *redisserver.Server) {
+// sharedStore gives a model with replicas r0..r3 a shared store on a fresh
+// redis-server, as its policy does when the configuration starts.
+func sharedStore(t *testing.T, model string) (*modelState, *redisserver.Server) {
 	t.Helper()
-	rds, err := redisserver.Start()
-	if err == redisserver.ErrMissing {
-		t.Skip("redis-server is not installed (Debian: apt-get install redis-server)")
-	}
-	if err != nil {
+	rds := startRedis(t)
+	m := newModelState(model, placement.Config{MaxNumSeqs: 1 << 20})
+	m.router.SetReplicas([]string{"r0", "r1", "r2", "r3"})
+	if err := m.configureStore(&StoreConfig{Type: "redis", Address: rds.Addr, Prefix: "lmwtest:", Timeout: caddy.Duration(100 * time.Millisecond)}, nil); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(rds.Close)
-	r := placement.NewRouter(placement.Config{MaxNumSeqs: 1 << 20})
-	r.SetReplicas([]string{"r0", "r1", "r2", "r3"})
-	s, err := bindstore.New("adm-store", StoreConfig{Type: "redis", Address: rds.Addr, Prefix: "lmwtest:", Timeout: caddy.Duration(100 * time.Millisecond)}, r, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(s.Close)
-	deadline := time.Now().Add(10 * time.Second)
-	for !s.Status().Connected {
-		if time.Now().After(deadline) {
-			t.Fatal("store did not connect")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	return s, rds
+	t.Cleanup(m.closeStore)
+	waitFor(t, "the store to connect", func() bool { st := m.storeStatus(); return st != nil && st.Connected })
+	return m, rds
 }

@@ -122,21 +122,6 @@ func startChildCaddy(t *testing.T, admin, port int, site string) *childCaddy {
 	}
 }
 
-// startRedis starts a redis-server for the test, or skips it when the
-// binary is missing.
-func startRedis(t *testing.T) *redisserver.Server {
-	t.Helper()
-	r, err := redisserver.Start()
-	if err == redisserver.ErrMissing {
-		t.Skip("redis-server is not installed (Debian: apt-get install redis-server); the shared store tests need it")
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(r.Close)
-	return r
-}
-
 // storeSite is the site of each front-end of the shared store tests.
 func storeSite(model string, dials []string, redisAddr, extra string) string {
 	return fmt.Sprintf(`
@@ -287,7 +272,7 @@ func waitConnected(t *testing.T, model string, child *childCaddy, want bool) {
 // bindings through a real redis-server, and drives conversations whose
 // turns alternate between them.
 func TestSharedStoreTwoInstances(t *testing.T) {
-	rds := startRedis(t)
+	rds := redisserver.ForTest(t)
 	const model = "qwen3-4b"
 	_, dials := startEmulator(t, 3, 20)
 	site := storeSite(model, dials, rds.Addr, "")
@@ -447,7 +432,7 @@ func storeGoroutines(client bool) int {
 // store: the store is kept while its settings stay, replaced when they
 // change and closed when it goes, with its goroutines.
 func TestStoreReloads(t *testing.T) {
-	rds := startRedis(t)
+	rds := redisserver.ForTest(t)
 	const model = "qwen3-4b"
 	fakes := startFakes(t, 2)
 	site := func(store string) string {
@@ -499,7 +484,7 @@ func TestStoreReloads(t *testing.T) {
 // redis-server, as its policy does when the configuration starts.
 func sharedStore(t *testing.T, model string) (*modelState, *redisserver.Server) {
 	t.Helper()
-	rds := startRedis(t)
+	rds := redisserver.ForTest(t)
 	m := newModelState(model, placement.Config{MaxNumSeqs: 1 << 20})
 	m.router.SetReplicas([]string{"r0", "r1", "r2", "r3"})
 	if err := m.configureStore(&StoreConfig{Type: "redis", Address: rds.Addr, Prefix: "lmwtest:", Timeout: caddy.Duration(100 * time.Millisecond)}, nil); err != nil {

@@ -223,11 +223,8 @@ func (s *Store) Ended(key string) {
 // Config is the store's settings, as given to New.
 func (s *Store) Config() Config { return s.cfg }
 
-// Router is the router the store is the source of truth for.
-func (s *Store) Router() *placement.Router { return s.router }
-
 // Key is the store key of a conversation key under a prefix and model (no
 // conversation key is stored in clear): what Store writes its binding to.
 func Key(prefix, model, key string) string {
-	return (&Store{keyPre: prefix + model + ":b:"}).key(storeHash(key))
+	return keyName(prefix+model+":b:", storeHash(key))
 }

@@ -385,9 +385,12 @@ func (s *Store) Close() {
 	_ = s.rdb.Close()
 }
 
-func (s *Store) key(h uint64) string {
+func (s *Store) key(h uint64) string { return keyName(s.keyPre, h) }
+
+// keyName is the store key of hash h under keyPre (prefix + model + ":b:").
+func keyName(keyPre string, h uint64) string {
 	var b [64]byte
-	out := append(b[:0], s.keyPre...)
+	out := append(b[:0], keyPre...)
 	var hx [16]byte
 	n := strconv.AppendUint(hx[:0], h, 16)
 	for i := len(n); i < 16; i++ {

@@ -17,14 +17,7 @@ import (
 // redis-server; skipped without one.
 func benchStore(tb testing.TB) (*Store, *redisserver.Server) {
 	tb.Helper()
-	rds, err := redisserver.Start()
-	if err == redisserver.ErrMissing {
-		tb.Skip("redis-server is not installed (Debian: apt-get install redis-server)")
-	}
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(rds.Close)
+	rds := redisserver.ForTest(tb)
 	r := placement.NewRouter(placement.Config{MaxNumSeqs: 1 << 20})
 	r.SetReplicas([]string{"r0", "r1", "r2", "r3"})
 	s, err := New("bench", Config{Type: "redis", Address: rds.Addr, Prefix: "lmwbench:", Timeout: caddy100ms}, r, nil)

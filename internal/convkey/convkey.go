@@ -268,14 +268,16 @@ const SecondModelSpan = 4 << 10
 // vLLM's and SGLang's) keep the last of duplicate members, gjson the first:
 // such a request would be routed by a model the engine does not read.
 // Finding one further on would cost reading the whole body; a member whose
-// name is escaped (\u006dodel) is found as gjson unescapes it.
+// name is escaped (\u006dodel) is found as gjson unescapes it; other
+// escapes (\u00e9 in text) cost no walk.
 func SecondModel(doc string, first gjson.Result) bool {
 	end := first.Index + len(first.Raw)
 	if first.Index <= 0 || end > len(doc) {
 		return false
 	}
 	rest := doc[end:min(len(doc), end+SecondModelSpan)]
-	if !strings.Contains(rest, `"model"`) && !strings.Contains(rest, `\u`) {
+	// an escaped letter of "model" is \u006x (m, o, d, l) or \u0065 (e)
+	if !strings.Contains(rest, `"model"`) && !strings.Contains(rest, `\u006`) && !strings.Contains(rest, `\u0065`) {
 		return false
 	}
 	n := 0

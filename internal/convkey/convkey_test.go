@@ -305,6 +305,8 @@ func TestModelFromBody(t *testing.T) {
 		{"model last", `{"messages":[{"role":"user","content":"hi"}],"model":"qwen3-4b"}`, "qwen3-4b", false},
 		{"twice", `{"model":"a","max_tokens":1,"model":"b"}`, "a", true},
 		{"twice, escaped name", `{"model":"a","mod\u0065l":"b"}`, "a", true},
+		{"twice, escaped in capitals", `{"model":"a","\u006Dodel":"b"}`, "a", true},
+		{"escapes in text only", `{"model":"a","messages":[{"role":"user","content":"\u4e2d\u00e9 \u0041"}]}`, "a", false},
 		{"nested model", `{"model":"a","tools":[{"name":"Agent","input_schema":{"properties":{"model":{"type":"string"}}}}]}`, "a", false},
 		{"model in text", `{"model":"a","messages":[{"role":"user","content":"the \"model\": field"}]}`, "a", false},
 		{"escape in text", `{"model":"a","messages":[{"role":"user","content":"caf\u00e9"}]}`, "a", false},

@@ -31,6 +31,29 @@ type Server struct {
 	done chan struct{}
 }
 
+// TB is what ForTest needs of a test or benchmark (testing.TB).
+type TB interface {
+	Helper()
+	Skip(args ...any)
+	Fatal(args ...any)
+	Cleanup(func())
+}
+
+// ForTest starts a server for a test and stops it when the test ends; the
+// test is skipped when redis-server is not installed.
+func ForTest(tb TB) *Server {
+	tb.Helper()
+	s, err := Start()
+	if err == ErrMissing {
+		tb.Skip("redis-server is not installed (Debian: apt-get install redis-server); the shared store tests need it")
+	}
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(s.Close)
+	return s
+}
+
 // Start starts redis-server on a free loopback port and waits until it
 // answers PING.
 func Start() (*Server, error) {

@@ -44,6 +44,11 @@ func (d Decision) ReleaseAt(now time.Time) {
 	p, r := s.rep, s.r
 	p.inflight.Add(-1)
 	r.inflight.Add(-1)
+	if s.gen != p.pollGen.Load() {
+		// in flight at the replica's last poll, so counted in its polled
+		// running; gone since
+		p.doneSincePoll.Add(1)
+	}
 	if s.ent != nilIdx {
 		var n int64
 		if !now.IsZero() {
@@ -67,6 +72,8 @@ type slot struct {
 	ent  int32
 	hash uint64
 	fp   int64
+	// gen is the replica's poll generation when the hold began
+	gen uint32
 }
 
 const slotChunk = 64
@@ -96,6 +103,7 @@ func (sp *slotPool) get(p *replica, r *Router) (*slot, uint64) {
 	sp.mu.Unlock()
 	s.next = nil
 	s.rep, s.r = p, r
+	s.gen = p.pollGen.Load()
 	s.tok.Store(tok)
 	return s, tok
 }

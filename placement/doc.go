@@ -12,9 +12,13 @@
 //
 // Throughout, the running count of a replica is
 //
-//	running = max(in-flight through this router, polled running)
+//	running = max(in-flight through this router, polled running − finished)
 //
-// (polled numbers are used only while Load.Reachable is true). A replica is
+// where finished counts this router's requests that were in flight at the
+// replica's last poll and have ended since: the poll counted them, and they
+// are gone (without it, a replica whose only turn just ended looks busy
+// until the next poll, and a new conversation doubles up elsewhere). Polled
+// numbers are used only while Load.Reachable is true. A replica is
 // over the spill threshold when running > SpillThreshold, measured before the
 // request being routed is counted. With the default threshold (auto =
 // max(1, MaxNumSeqs/4)) a replica at exactly the threshold still takes sticky

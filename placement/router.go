@@ -264,6 +264,11 @@ type replica struct {
 	goneAt   int64 // Router.clock when it was last removed; meaningful while !present
 	inflight atomic.Int64
 	load     Load
+	// pollGen counts the polls; doneSincePoll the requests routed before
+	// the last poll that have finished since (so were counted in its
+	// running and are gone)
+	pollGen       atomic.Uint32
+	doneSincePoll atomic.Int64
 
 	down       Cause        // CausePoll, CauseHealth
 	coolUntil  int64        // out for proxy errors until then (Router.clock)
@@ -309,8 +314,10 @@ type replica struct {
 
 func (p *replica) running() int {
 	n := int(p.inflight.Load())
-	if p.load.Reachable && p.load.Running > n {
-		n = p.load.Running
+	if p.load.Reachable {
+		if m := p.load.Running - int(p.doneSincePoll.Load()); m > n {
+			n = m
+		}
 	}
 	return n
 }
@@ -541,6 +548,8 @@ func (r *Router) UpdateLoad(id string, l Load) {
 	if i, found := r.byID[id]; found {
 		p := r.reps[i]
 		p.load = l
+		p.pollGen.Add(1)
+		p.doneSincePoll.Store(0)
 		if (l.KVTokens > 0 && l.KVTokens != p.kvCap) || (l.Reachable && !p.polled) {
 			p.kvCap = max(l.KVTokens, p.kvCap)
 			p.polled = p.polled || l.Reachable

@@ -793,3 +793,39 @@ func TestReplicaChurnBounded(t *testing.T) {
 	}
 	checkInvariants(t, r)
 }
+
+// TestPolledRunningForgetsFinishedTurns: a poll counts the turns in flight
+// when it was taken; a turn of this router that was among them and has
+// finished since is gone from the replica, so the next new conversation sees
+// it idle instead of waiting for the next poll (a closed loop of four
+// sessions on four replicas otherwise doubles up on the replica whose
+// session just ended).
+func TestPolledRunningForgetsFinishedTurns(t *testing.T) {
+	r := newTestRouter(2, Config{AdmissionOff: true})
+	d0, _ := r.Route(Request{Key: "a", Pin: "r0", Now: t0})
+	d1, _ := r.Route(Request{Key: "b", Pin: "r1", Now: t0})
+	r.UpdateLoad("r0", running(1))
+	r.UpdateLoad("r1", running(1))
+	// a turn routed after the poll and finished before the next is not in
+	// the poll's figure: releasing it must not lower the count
+	late, _ := r.Route(Request{Pin: "r1", Now: t0})
+	late.Release()
+	if got := r.reps[1].running(); got != 1 {
+		t.Fatalf("r1 running after a turn the poll never saw ended: %d, want 1", got)
+	}
+	d0.Release() // counted in r0's poll, gone now
+	if got := r.reps[0].running(); got != 0 {
+		t.Fatalf("r0 running after its polled turn ended: %d, want 0", got)
+	}
+	d, err := r.Route(Request{Key: "new", Now: t0.Add(time.Second)})
+	if err != nil || d.Replica != "r0" || d.Reason != ReasonPlaced {
+		t.Fatalf("new conversation: %q %v %v, want r0 placed", d.Replica, d.Reason, err)
+	}
+	d.Release()
+	d1.Release()
+	// the next poll's figure stands as polled
+	r.UpdateLoad("r0", running(2))
+	if got := r.reps[0].running(); got != 2 {
+		t.Fatalf("r0 after the next poll: %d, want 2", got)
+	}
+}

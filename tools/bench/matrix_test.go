@@ -11,9 +11,7 @@ import (
 // balancer and affinity alone beyond noise (MatrixRow.Holds) in a regime
 // where it is expected to hold.
 func TestMatrixDefaultHolds(t *testing.T) {
-	if testing.Short() {
-		t.Skip("the matrix runs every regime")
-	}
+	sweep(t)
 	rows, err := Matrix(MatrixRegimes(), 4*time.Minute, time.Minute)
 	if err != nil {
 		t.Fatal(err)

@@ -74,6 +74,10 @@ func TestDemoAdmission(t *testing.T) {
 		c.Stages = []int{12}
 		c.StageLength = 60 * time.Second
 		c.Engine.NumGPUBlocks = 600 // 9,600 tokens per replica: about two sessions
+		// at 10×, not 20×: the assertions below read the engines' queues,
+		// and an emulator that falls behind its clock on a slow, shared
+		// machine queues turns that would not queue in engine time
+		c.Speed = 10
 	})
 	var table bytes.Buffer
 	_ = rep.WriteTable(&table)

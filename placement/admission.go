@@ -16,8 +16,8 @@ const (
 	DefaultAdmitWait   = 5 * time.Minute
 	DefaultAdmitQueue  = 1024
 	// AdmitHysteresis is how far below the high-water mark a replica's
-	// working set must fall, once it reached the mark, before the replica
-	// takes new conversations again (a fraction of its capacity).
+	// working set must fall, once it reached the mark, before the card
+	// stops showing it full (a fraction of its capacity).
 	AdmitHysteresis = 0.1
 	// minResidentShare: the shortest time a conversation counts in its
 	// replica's working set after its last turn ended is AdmitWindow over
@@ -225,11 +225,11 @@ func (r *Router) residentSet(p *replica, now int64) (own, shared int64) {
 }
 
 // fits reports whether a new conversation of est tokens may be placed on p
-// at now: p sits idle by its engine's figures (see idle), holds nothing
-// yet, or it has not reached the high-water mark since it last fell below
-// the low-water mark and est fits under it. The part p already shares
-// among its conversations (the system prompt) is assumed shared by the new
-// one too, up to half of est. It updates p's hysteresis state. r.mu held.
+// at now: p holds nothing yet, sits idle by its engine's figures (see
+// idle), or its KV holds what its conversations and the new one need at
+// the same time (see absorbs). The part p already shares among its
+// conversations (the system prompt) is assumed shared by the new one too,
+// up to half of est. It updates p's full state for the card. r.mu held.
 func (r *Router) fits(p *replica, est int64, now int64) bool {
 	c := r.capacity(p)
 	if c <= 0 {
@@ -239,7 +239,47 @@ func (r *Router) fits(p *replica, est int64, now int64) bool {
 	ws := own + base
 	est = max(est-min(base, est/2), r.peak())
 	high := r.markFull(p, ws, c)
-	return ws == 0 || r.idle(p, now) || (!p.full && ws+est <= high)
+	return ws == 0 || r.idle(p, now) || r.absorbs(p, est, now, high)
+}
+
+// absorbs reports whether p's KV holds what its conversations need at the
+// same time: each (the new one of est tokens too) counted at its projected
+// size times the share of the time it has a turn in flight, turn/(turn +
+// pause), with turn p's mean turn time (DefaultTurnTime before one ended)
+// and pause the conversation's longest pause between turns (what
+// conversations pause, before it paused). Conversations that pause long
+// against their turns leave room most of the time: a new one placed beside
+// them runs now, at the price of re-prefills when a paused one's cache was
+// evicted, where holding it back costs its compute time for certain.
+// Without pauses (agents that call tools in a closed loop) every share is
+// 1 and this is the working-set rule itself. A longer mean turn time, as
+// turns queue in an overloaded engine, raises every share. r.mu held.
+func (r *Router) absorbs(p *replica, est, now, high int64) bool {
+	turn := p.cost.turn
+	if turn <= 0 {
+		turn = DefaultTurnTime.Seconds()
+	}
+	typical := float64(r.gaps.quantile()) / 1e3
+	demand := float64(p.base) + float64(est)*turn/(turn+typical)
+	horizon := now - int64(r.cfg.AdmitWindow)
+	for e := p.head; e != nilIdx; e = r.b.ents[e].rnext {
+		en := &r.b.ents[e]
+		if en.last < horizon {
+			break
+		}
+		if en.busy == 0 && now-en.last > r.resident(en) {
+			continue // gone quiet
+		}
+		g := typical
+		if en.flags&flagGap != 0 {
+			g = float64(en.gap) / 1e3
+		}
+		demand += float64(r.projected(en)) * turn / (turn + g)
+		if demand > float64(high) {
+			return false
+		}
+	}
+	return true
 }
 
 // idle reports whether p sits idle: nothing in flight to it through this
@@ -415,14 +455,9 @@ func (r *Router) released(s *slot, now int64) {
 			en.busy--
 			if en.busy == 0 {
 				en.flags |= flagIdle
-				if r.admit {
-					// the pause is measured from the turn's end; without
-					// admission the binding's last use stays the turn's
-					// start (as the placement without admission orders
-					// its bindings), so the pauses learnt then include
-					// the turns
-					r.refresh(s.ent, now)
-				}
+				// the pause is measured from the turn's end, with
+				// admission on or off
+				r.refresh(s.ent, now)
 			}
 		}
 	}

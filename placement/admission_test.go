@@ -214,36 +214,96 @@ func TestAdmissionRules(t *testing.T) {
 			},
 		},
 		{
-			name: "hysteresis: a replica that reached the mark waits until below the low mark",
+			name: "the card's full flag keeps the mark until below the low mark",
 			n:    1, cap: 10000,
 			run: func(t *testing.T, r *Router) {
 				admitTurn(t, r, "a", 10000, t0) // in flight, at the mark
-				setCtx := func(n uint32) {
+				full := func(n uint32) bool {
 					r.mu.Lock()
 					r.b.ents[r.b.idx[r.hash("a")]].ctx = n
 					r.reps[0].busyFP = int64(n) // its turn counted at that size
 					r.mu.Unlock()
+					return r.Snapshot().Replicas[0].Full
 				}
-				fits := func() bool {
-					r.mu.Lock()
-					defer r.mu.Unlock()
-					return r.fits(r.reps[0], 1, r.clock)
+				for _, c := range []struct {
+					ctx  uint32
+					want bool
+				}{{10000, true}, {9500, true}, {8900, false}, {9500, false}, {10000, true}} {
+					if got := full(c.ctx); got != c.want {
+						t.Errorf("working set %d: full %v, want %v", c.ctx, got, c.want)
+					}
 				}
-				if fits() {
-					t.Fatal("a 1-token conversation fits beside 10k on a 10k replica")
+			},
+		},
+		{
+			name: "pauses long against the turns leave room",
+			n:    1, cap: 10000,
+			run: func(t *testing.T, r *Router) {
+				// a: 6k, 2 s turns; then b arrives 1 s into a's pause
+				turns := func(gap time.Duration) time.Time {
+					now := t0
+					d, _ := admitTurn(t, r, "a", 6000, now)
+					now = now.Add(2 * time.Second)
+					finishTurn(r, "a", d, now, 6000, 0, 100)
+					now = now.Add(gap)
+					d, _ = admitTurn(t, r, "a", 6100, now)
+					now = now.Add(2 * time.Second)
+					r.Feedback(Turn{Key: "a", Replica: d.Replica, Reason: d.Reason, Prompt: 6100, Cached: 6000, Completion: 100, Duration: 2 * time.Second})
+					d.ReleaseAt(now)
+					return now.Add(time.Second)
 				}
-				setCtx(9500) // below the high mark, above the low one (9k)
-				if fits() {
-					t.Fatal("admitted between the marks after reaching the high one")
+				now := turns(30 * time.Second)
+				// c in flight keeps the replica from looking idle
+				c, _ := admitTurn(t, r, "c", 500, now)
+				defer c.Release()
+				// counted whole, 6.1k + 0.5k + 6k > 10k; counted at their
+				// share of the time in flight (2 s of 32), they fit
+				if d, tk := admitTurn(t, r, "b", 6000, now); tk != nil || d.Replica != "r0" {
+					t.Fatalf("b beside a that pauses 30 s between 2 s turns: %q, ticket %v; want admitted", d.Replica, tk)
 				}
-				setCtx(8900) // below the low mark
-				if !fits() {
-					t.Fatal("not admitted below the low mark")
+			},
+		},
+		{
+			name: "without pauses a second conversation that does not fit waits",
+			n:    1, cap: 10000,
+			run: func(t *testing.T, r *Router) {
+				d, _ := admitTurn(t, r, "a", 6000, t0)
+				now := t0.Add(2 * time.Second)
+				finishTurn(r, "a", d, now, 6000, 0, 100)
+				d, _ = admitTurn(t, r, "a", 6100, now) // no pause
+				if _, tk := admitTurn(t, r, "b", 6000, now.Add(time.Second)); tk == nil {
+					t.Fatal("b admitted beside a 6.1k conversation in a closed loop on a 10k replica")
 				}
-				setCtx(9500) // between the marks again, coming from below
-				if !fits() {
-					t.Fatal("not admitted between the marks coming from below")
+				d.ReleaseAt(now.Add(2 * time.Second))
+			},
+		},
+		{
+			name: "a second request of a waiting conversation follows it when it is admitted",
+			n:    1, cap: 10000,
+			run: func(t *testing.T, r *Router) {
+				// c stays in flight throughout, so the replica never
+				// looks idle and only the working set decides
+				c, _ := admitTurn(t, r, "c", 500, t0)
+				d, _ := admitTurn(t, r, "a", 9000, t0)
+				_, tk := admitTurn(t, r, "b", 6000, t0.Add(time.Second))
+				if tk == nil {
+					t.Fatal("b admitted beside 9.5k on a 10k replica")
 				}
+				finishTurn(r, "a", d, t0.Add(2*time.Second), 9000, 0, 10)
+				if isReady(tk) {
+					t.Fatal("b admitted while a still counts resident")
+				}
+				// a goes quiet past its resident time (the whole window: it
+				// never paused); b's client sends again (a retry) before
+				// anything else looked at the queue: the retry admits the
+				// queued b and follows its binding
+				d2, tk2 := admitTurn(t, r, "b", 6000, t0.Add(2*time.Second+DefaultAdmitWindow+time.Second))
+				if tk2 != nil || d2.Reason != ReasonSticky || !isReady(tk) {
+					t.Fatalf("retry of b: %v (ticket %v), queued b ready %v; want the retry sticky behind the admitted one", d2.Reason, tk2, isReady(tk))
+				}
+				checkInvariants(t, r)
+				d2.Release()
+				c.Release()
 			},
 		},
 		{

@@ -213,9 +213,18 @@
 // the Router, nothing waiting in the engine, the engine's KV gauge under
 // HighWater, and a turn in flight at fewer than 80 % of the recent polls:
 // the engine is the ground truth, the working set a prediction), or its
-// working set plus the conversation
-// stays within HighWater × capacity and the replica has not reached that
-// mark since it last fell below (HighWater − AdmitHysteresis) × capacity.
+// KV holds what its conversations need at the same time: each resident
+// conversation and the new one counted at its size times the share of the
+// time it has a turn in flight, turn/(turn + pause), with the replica's
+// mean turn time and the conversation's longest pause (the 90th
+// percentile of recent pauses before it paused), within HighWater ×
+// capacity. Without pauses every share is 1 and this is the working set
+// plus the conversation under the mark; with long pauses a new
+// conversation runs beside paused ones now, at the price of re-prefills
+// where their caches are evicted, instead of losing its compute time
+// waiting. Queueing in an overloaded engine lengthens the turns and so
+// raises every share. ReplicaSnapshot.Full shows the working set at the
+// mark, until it falls below (HighWater − AdmitHysteresis) × capacity.
 // Where it fits nowhere, Admit returns a Ticket: the request waits, in
 // arrival order (a later one never overtakes an earlier one), until room
 // appears — a turn ends or a conversation goes quiet (AdmitWaiting, called

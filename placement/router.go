@@ -797,6 +797,15 @@ func (r *Router) placeNew(req Request, h, parent uint64, now int64, queue bool) 
 		// earlier arrivals go first: this one waits behind them unless
 		// room lets them all in now
 		r.admitQueued(now)
+		if e := r.lookup(h, now); e != nilIdx {
+			// an earlier request of this conversation waited and was
+			// admitted just now: this one follows it
+			if q := r.reps[r.b.ents[e].rep]; r.usable(q) {
+				r.keyed++
+				return r.stay(e, q, now, ReasonSticky), nil, nil
+			}
+			r.removeEntry(e)
+		}
 		if len(r.queue) > 0 {
 			return r.queueNew(req, h, est, now)
 		}

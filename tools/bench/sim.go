@@ -167,6 +167,36 @@ func Sim(cfg SimConfig) (*Report, error) {
 			return nil, fmt.Errorf("sim: unknown mode %q", m)
 		}
 	}
+	// Each mode runs on replicas of its own, from the same start: what one
+	// mode leaves in the engines' caches and queues at the end of a stage
+	// would otherwise start the next mode's stage, so a mode's figures
+	// would change with the modes listed before it (and with every change
+	// to how those route).
+	rep := &Report{Kind: "sim", Speed: 0, Workload: cfg.Workload}
+	byMode := make([][]Stage, len(cfg.Modes))
+	for i, m := range cfg.Modes {
+		one := cfg
+		one.Modes = []string{m}
+		r, err := simulate(one)
+		if err != nil {
+			if r != nil {
+				rep.Stages = append(rep.Stages, r.Stages...)
+			}
+			return rep, err
+		}
+		byMode[i] = r.Stages
+	}
+	for j := range cfg.Stages {
+		for i := range cfg.Modes {
+			rep.Stages = append(rep.Stages, byMode[i][j])
+		}
+	}
+	return rep, nil
+}
+
+// simulate runs cfg's stages, and in each every mode in turn, on one set of
+// replicas.
+func simulate(cfg SimConfig) (*Report, error) {
 	gen, err := NewGenerator(cfg.Workload, emulator.CountTokens)
 	if err != nil {
 		return nil, err

@@ -46,6 +46,10 @@ func occupy(t *testing.T, emu *emulator.Server, model, id string) (done func()) 
 		"model": "qwen3-4b", "max_tokens": 4000,
 		"messages": []map[string]any{{"role": "user", "content": id + ": go on"}},
 	})
+	// the slot of a turn answered just before is freed a moment after its
+	// client read the answer: without this wait it could pass for the
+	// long turn's below, before that one was routed
+	waitFor(t, "nothing in flight before "+id+"'s long turn", func() bool { return getCard(t, model).InFlight == 0 })
 	res := postAsync(context.Background(), "/v1/messages", string(b), session(id))
 	waitFor(t, id+" in flight", func() bool { return getCard(t, model).InFlight > 0 })
 	return func() {

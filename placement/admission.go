@@ -3,6 +3,7 @@ package placement
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 )
@@ -237,49 +238,67 @@ func (r *Router) fits(p *replica, est int64, now int64) bool {
 	}
 	own, base := r.residentSet(p, now)
 	ws := own + base
-	est = max(est-min(base, est/2), r.peak())
+	first := est - min(base, est/2)
 	high := r.markFull(p, ws, c)
-	return ws == 0 || r.idle(p, now) || r.absorbs(p, est, now, high)
+	return ws == 0 || r.idle(p, now) || r.absorbs(p, first, max(first, r.peak()), now, high)
 }
 
 // absorbs reports whether p's KV holds what its conversations need at the
-// same time: each (the new one of est tokens too) counted at its projected
-// size times the share of the time it has a turn in flight, turn/(turn +
-// pause), with turn p's mean turn time (DefaultTurnTime before one ended)
-// and pause the conversation's longest pause between turns (what
-// conversations pause, before it paused). Conversations that pause long
+// same time, now and as they come and go. Now: the new conversation's
+// first turn (first tokens) beside the turns in flight there at their
+// present sizes: it runs beside them, and where they do not fit together
+// the engine preempts one. As they come and go: each conversation (the new
+// one at est, what conversations grow to) has a turn in flight a share of
+// the time, turn/(turn + pause), with turn p's mean turn time
+// (DefaultTurnTime before one ended) and pause the conversation's longest
+// pause between turns (what conversations pause, before it paused); the
+// KV they need at once is then on average Σ size × share, and it must
+// hold that plus one standard deviation (Σ size² × share × (1 − share)),
+// or all of them whole where that is less. Conversations that pause long
 // against their turns leave room most of the time: a new one placed beside
 // them runs now, at the price of re-prefills when a paused one's cache was
-// evicted, where holding it back costs its compute time for certain.
-// Without pauses (agents that call tools in a closed loop) every share is
-// 1 and this is the working-set rule itself. A longer mean turn time, as
-// turns queue in an overloaded engine, raises every share. r.mu held.
-func (r *Router) absorbs(p *replica, est, now, high int64) bool {
+// evicted, where holding it back costs its compute time for certain. The
+// deviation keeps a few large conversations that are in flight most of
+// the time (agents with short tool pauses, or turns queueing in an
+// overloaded engine, which lengthens every turn) counted nearly whole:
+// there the average alone admitted one too many and cost a sixth of the
+// output (sim --preset 7gpu, 26 sessions). Without pauses every share is 1
+// and this is the working-set rule itself. r.mu held.
+func (r *Router) absorbs(p *replica, first, est, now, high int64) bool {
 	turn := p.cost.turn
 	if turn <= 0 {
 		turn = DefaultTurnTime.Seconds()
 	}
 	typical := float64(r.gaps.quantile()) / 1e3
-	demand := float64(p.base) + float64(est)*turn/(turn+typical)
+	inFlight := int64(p.base) + first
+	sn := turn / (turn + typical)
+	avg := float64(p.base) + float64(est)*sn
+	whole := float64(p.base) + float64(est)
+	vr := float64(est) * float64(est) * sn * (1 - sn) // the variance
 	horizon := now - int64(r.cfg.AdmitWindow)
 	for e := p.head; e != nilIdx; e = r.b.ents[e].rnext {
 		en := &r.b.ents[e]
 		if en.last < horizon {
 			break
 		}
-		if en.busy == 0 && now-en.last > r.resident(en) {
+		if en.busy > 0 {
+			inFlight += r.footprint(en) // what its turn holds now
+		} else if now-en.last > r.resident(en) {
 			continue // gone quiet
 		}
 		g := typical
 		if en.flags&flagGap != 0 {
 			g = float64(en.gap) / 1e3
 		}
-		demand += float64(r.projected(en)) * turn / (turn + g)
-		if demand > float64(high) {
+		sz, sh := float64(r.projected(en)), turn/(turn+g)
+		avg += sz * sh
+		whole += sz
+		vr += sz * sz * sh * (1 - sh)
+		if avg > float64(high) || inFlight > high {
 			return false
 		}
 	}
-	return true
+	return inFlight <= high && min(whole, avg+math.Sqrt(vr)) <= float64(high)
 }
 
 // idle reports whether p sits idle: nothing in flight to it through this

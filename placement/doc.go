@@ -213,12 +213,16 @@
 // the Router, nothing waiting in the engine, the engine's KV gauge under
 // HighWater, and a turn in flight at fewer than 80 % of the recent polls:
 // the engine is the ground truth, the working set a prediction), or its
-// KV holds what its conversations need at the same time: each resident
-// conversation and the new one counted at its size times the share of the
-// time it has a turn in flight, turn/(turn + pause), with the replica's
-// mean turn time and the conversation's longest pause (the 90th
-// percentile of recent pauses before it paused), within HighWater ×
-// capacity. Without pauses every share is 1 and this is the working set
+// KV holds what its conversations need at the same time, now and on
+// average, within HighWater × capacity. Now: the new conversation's first
+// request beside the turns in flight there at their present sizes (it runs
+// beside them; where they do not fit together the engine preempts one). On
+// average: each resident conversation and the new one counted at its size
+// times the share of the time it has a turn in flight, turn/(turn +
+// pause), with the replica's mean turn time and the conversation's longest
+// pause (the 90th percentile of recent pauses before it paused), plus one
+// standard deviation of that sum (conversations in flight independently),
+// at most all of them whole. Without pauses every share is 1 and this is the working set
 // plus the conversation under the mark; with long pauses a new
 // conversation runs beside paused ones now, at the price of re-prefills
 // where their caches are evicted, instead of losing its compute time

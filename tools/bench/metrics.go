@@ -87,6 +87,12 @@ type Stage struct {
 	CompletionP50S  float64 `json:"completion_p50_s"`
 	CompletionP95S  float64 `json:"completion_p95_s"`
 	CompletedCounts int     `json:"completed_sessions"`
+	// IdleWhileHeldS is how many replica-seconds of the window an engine
+	// sat idle (nothing running, nothing waiting) while some turn waited
+	// at the router for admission: work admission held back that a
+	// replica had room for. The simulator measures it; runs against real
+	// replicas leave it 0.
+	IdleWhileHeldS float64 `json:"idle_while_held_s,omitempty"`
 }
 
 // waited is how long the turn waited at the router.

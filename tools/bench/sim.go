@@ -3,6 +3,7 @@ package bench
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -139,6 +140,9 @@ type simulator struct {
 	stopped    bool
 	win        Window
 	detail     *simDetailAcc
+	// idleHeld: replica-seconds in the window that an engine sat idle
+	// (nothing running, nothing waiting) while a turn waited at the router
+	idleHeld time.Duration
 }
 
 // Sim runs the configured sweep and returns its report. The same
@@ -272,6 +276,7 @@ func (s *simulator) stage(mode string, n int) (Stage, error) {
 	s.stageStart = start
 	w := Window{From: start + s.cfg.Warmup, To: start + s.cfg.Warmup + s.cfg.StageLength}
 	s.win = w
+	s.idleHeld = 0
 	s.detailStart(mode, n)
 	slots := make([]*simSlot, n)
 	s.stopped = false
@@ -316,7 +321,7 @@ func (s *simulator) stage(mode string, n int) (Stage, error) {
 			next, which = restartAt, -2
 		}
 		if due >= 0 && (which < 0 || slots[due].sendAt < next) {
-			s.now = slots[due].sendAt
+			s.advanceTo(slots[due].sendAt, slots)
 			slots[due].sendAt = -1
 			if sl := slots[due]; sl.renew {
 				sl.renew = false
@@ -328,7 +333,7 @@ func (s *simulator) stage(mode string, n int) (Stage, error) {
 			continue
 		}
 		if nextPoll < next || (nextPoll == next && which < 0) {
-			s.now = nextPoll
+			s.advanceTo(nextPoll, slots)
 			s.poll()
 			if Admits(mode) {
 				s.router.AdmitWaiting(simEpoch.Add(s.now))
@@ -338,7 +343,7 @@ func (s *simulator) stage(mode string, n int) (Stage, error) {
 			nextPoll += s.cfg.PollInterval
 			continue
 		}
-		s.now = next
+		s.advanceTo(next, slots)
 		if which == -2 {
 			continue // a publication of the coordinator, or the restart
 		}
@@ -374,6 +379,7 @@ func (s *simulator) stage(mode string, n int) (Stage, error) {
 	st := Measure(s.turns[first:], s.polls, w)
 	st.Mode, st.Sessions = mode, n
 	st.Policy = "sim:" + PolicyOf(mode)
+	st.IdleWhileHeldS = s.idleHeld.Seconds()
 	return st, nil
 }
 
@@ -387,6 +393,21 @@ func PolicyOf(mode string) string {
 		return "vllm_dp"
 	}
 	return mode
+}
+
+// advanceTo moves the clock to t, first counting the replica-seconds of
+// [now, t) inside the window during which an engine had nothing to do
+// while a turn waited at the router for admission.
+func (s *simulator) advanceTo(t time.Duration, slots []*simSlot) {
+	from, to := max(s.now, s.win.From), min(t, s.win.To)
+	if to > from && slices.ContainsFunc(slots, func(sl *simSlot) bool { return sl.waiting != nil }) {
+		for _, e := range s.engines {
+			if !e.stepping && e.e.Running() == 0 && e.e.Waiting() == 0 {
+				s.idleHeld += to - from
+			}
+		}
+	}
+	s.now = t
 }
 
 func (s *simulator) lastPoll() time.Duration {

@@ -431,6 +431,9 @@ func TestSimAdmission(t *testing.T) {
 	rep := simLogged(t, cfg)
 	on8, _ := rep.Find(ModeOn, 8)
 	on, _ := rep.Find(ModeOn, 24)
+	if on.IdleWhileHeldS != 0 {
+		t.Errorf("on, 24 sessions: %.0f replica·s idle while held without admission", on.IdleWhileHeldS)
+	}
 	// the default mode (admission and the lifecycle checks on) is held to
 	// the same as admission alone
 	for _, m := range []string{ModeAdmit, ModeDefault} {
@@ -465,6 +468,14 @@ func TestSimAdmission(t *testing.T) {
 		}
 		if ad.WaitFirstP50S <= 0 {
 			t.Errorf("%s, 24 sessions: no first turn waited at the router; admission did not hold anything", m)
+		}
+		// while conversations wait, an engine idles only where the
+		// conversations it held finished and their successors wait out
+		// the finished ones' shortest resident time and the next poll:
+		// at most that for each session that completed
+		floor := (placement.DefaultAdmitWindow/30 + cfg.PollInterval).Seconds()
+		if idle, most := ad.IdleWhileHeldS, floor*float64(ad.CompletedCounts); idle <= 0 || idle > most {
+			t.Errorf("%s, 24 sessions: engines idle %.0f replica·s while turns waited; want above 0 (the counter counts) and ≤ %.0f (%.0f s for each of %d completed sessions)", m, idle, most, floor, ad.CompletedCounts)
 		}
 	}
 }

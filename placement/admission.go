@@ -239,8 +239,11 @@ func (r *Router) fits(p *replica, est int64, now int64) bool {
 	own, base := r.residentSet(p, now)
 	ws := own + base
 	first := est - min(base, est/2)
+	est = max(first, r.peak())
 	high := r.markFull(p, ws, c)
-	return ws == 0 || r.idle(p, now) || r.absorbs(p, first, max(first, r.peak()), now, high)
+	// everything counted whole fits: so it does at any share (absorbs
+	// would say so, at the cost of another walk of the resident set)
+	return ws == 0 || ws+est <= high || r.idle(p, now) || r.absorbs(p, first, est, now, high)
 }
 
 // absorbs reports whether p's KV holds what its conversations need at the

@@ -214,8 +214,8 @@ func (r *Router) residentSet(p *replica, now int64) (own, shared int64) {
 		if en.last < horizon {
 			break
 		}
-		if en.busy > 0 || now-en.last > r.resident(en) {
-			continue // in flight (counted in busyFP), or gone quiet
+		if en.busy > 0 || en.flags&flagPaused != 0 || now-en.last > r.resident(en) {
+			continue // in flight (counted in busyFP), paused, or gone quiet
 		}
 		ws += r.projected(en)
 	}
@@ -268,12 +268,24 @@ func (r *Router) fits(p *replica, est int64, now int64) bool {
 // output (sim --preset 7gpu, 26 sessions). Without pauses every share is 1
 // and this is the working-set rule itself. r.mu held.
 func (r *Router) absorbs(p *replica, first, est, now, high int64) bool {
+	inFlight, load := r.demand(p, first, est, now, r.projected)
+	return inFlight <= high && load <= float64(high)
+}
+
+// demand is the KV p's conversations need at once (see absorbs), with a
+// new one whose first request is first tokens and whose size is est (0:
+// none): the turns in flight now at their present sizes with the new
+// first request, and the sizes (by size) of all resident conversations
+// and the new one at their shares of the time in flight plus one standard
+// deviation, at most all of them whole. Paused conversations and those
+// gone quiet do not count. r.mu held.
+func (r *Router) demand(p *replica, first, est, now int64, size func(*entry) int64) (inFlight int64, load float64) {
 	turn := p.cost.turn
 	if turn <= 0 {
 		turn = DefaultTurnTime.Seconds()
 	}
 	typical := float64(r.gaps.quantile()) / 1e3
-	inFlight := int64(p.base) + first
+	inFlight = int64(p.base) + first
 	sn := turn / (turn + typical)
 	avg := float64(p.base) + float64(est)*sn
 	whole := float64(p.base) + float64(est)
@@ -286,22 +298,19 @@ func (r *Router) absorbs(p *replica, first, est, now, high int64) bool {
 		}
 		if en.busy > 0 {
 			inFlight += r.footprint(en) // what its turn holds now
-		} else if now-en.last > r.resident(en) {
-			continue // gone quiet
+		} else if en.flags&flagPaused != 0 || now-en.last > r.resident(en) {
+			continue // paused, or gone quiet
 		}
 		g := typical
 		if en.flags&flagGap != 0 {
 			g = float64(en.gap) / 1e3
 		}
-		sz, sh := float64(r.projected(en)), turn/(turn+g)
+		sz, sh := float64(size(en)), turn/(turn+g)
 		avg += sz * sh
 		whole += sz
 		vr += sz * sz * sh * (1 - sh)
-		if avg > float64(high) || inFlight > high {
-			return false
-		}
 	}
-	return inFlight <= high && min(whole, avg+math.Sqrt(vr)) <= float64(high)
+	return inFlight, min(whole, avg+math.Sqrt(vr))
 }
 
 // idle reports whether p sits idle: nothing in flight to it through this
@@ -471,21 +480,29 @@ func (r *Router) released(s *slot, now int64) {
 		now = r.clock
 	}
 	s.rep.busyFP -= s.fp
+	ended := nilIdx
 	if int(s.ent) < len(r.b.ents) {
 		en := &r.b.ents[s.ent]
 		if en.hash == s.hash && en.busy > 0 {
 			en.busy--
 			if en.busy == 0 {
 				en.flags |= flagIdle
+				if en.runs < 1<<16-1 {
+					en.runs++
+				}
 				// the pause is measured from the turn's end, with
 				// admission on or off
 				r.refresh(s.ent, now)
+				ended = s.ent
 			}
 		}
 	}
 	s.ent = nilIdx
 	if len(r.queue) > 0 {
 		r.admitQueued(now)
+	}
+	if ended != nilIdx {
+		r.maybePause(ended, now)
 	}
 }
 
@@ -512,6 +529,7 @@ type Ticket struct {
 	err     error
 	state   uint8 // ticketWaiting, ticketAdmitted, ticketCancelled
 	forced  bool
+	paused  bool // the turn of a paused conversation (timeslice.go)
 }
 
 const (
@@ -607,6 +625,19 @@ func (r *Router) admitTicket(t *Ticket, p *replica, now int64, forced bool) {
 	r.unqueue(t)
 	t.state, t.at, t.forced = ticketAdmitted, now, forced
 	defer close(t.ready)
+	if e := r.lookup(t.h, now); e != nilIdx && r.b.ents[e].flags&flagPaused != 0 {
+		if p == nil || !r.usable(p) {
+			if p = r.reps[r.b.ents[e].rep]; !r.usable(p) {
+				p = r.lenientPick(func() *replica { return r.best(now, nil, false) })
+			}
+		}
+		if p != nil {
+			t.dec = r.resume(e, p, now)
+			r.countAdmitted(t, forced)
+			return
+		}
+		r.removeEntry(e)
+	}
 	if e := r.lookup(t.h, now); e != nilIdx {
 		if q := r.reps[r.b.ents[e].rep]; r.usable(q) {
 			r.keyed++
@@ -656,6 +687,15 @@ func (r *Router) admitQueued(now int64) int {
 		t := r.queue[0]
 		if now-t.enq >= int64(r.cfg.AdmitWait) {
 			r.admitTicket(t, nil, now, true)
+			n++
+			continue
+		}
+		if e := r.lookup(t.h, now); e != nilIdx && r.b.ents[e].flags&flagPaused != 0 {
+			p := r.resumeTarget(e, now)
+			if p == nil {
+				break
+			}
+			r.admitTicket(t, p, now, false)
 			n++
 			continue
 		}

@@ -17,6 +17,7 @@ type entry struct {
 	rep          int32
 	flags        uint16
 	busy         uint16 // its turns in flight, counted while admission tracks them
+	runs         uint16 // turns ended since it was admitted or resumed (timeslice.go)
 	start        uint64 // fingerprint of the conversation's start; 0 = unknown
 	prompt       uint32 // prompt tokens of its last finished turn; 0 = none yet
 

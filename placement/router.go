@@ -83,6 +83,12 @@ type Config struct {
 	// AdmitQueue is the most conversations that may wait; beyond it Admit
 	// refuses new ones with ErrQueueFull (default DefaultAdmitQueue).
 	AdmitQueue int
+	// RotateTurns is the quantum of turn-boundary time-slicing: while
+	// conversations wait for room, one that has run this many turns since
+	// it was admitted is paused at the end of its turn and its next turn
+	// waits its turn in the queue (default DefaultRotateTurns; negative:
+	// never).
+	RotateTurns int
 }
 
 func (c Config) withDefaults() Config {
@@ -133,6 +139,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.AdmitQueue <= 0 {
 		c.AdmitQueue = DefaultAdmitQueue
+	}
+	if c.RotateTurns == 0 {
+		c.RotateTurns = DefaultRotateTurns
 	}
 	return c
 }
@@ -376,10 +385,12 @@ type Router struct {
 	queue                                                          []*Ticket
 	lastFirst                                                      int // context of the last first turn measured
 	queued, admittedAfterWait, admittedAtLimit, refused, cancelled uint64
-	oversized                                                      uint64 // placed at once: fitted no replica even empty
-	waitedNanos                                                    uint64
-	turnFP                                                         recent // footprints of recent turns (peak)
-	gaps                                                           recent // recent pauses between turns, in milliseconds
+	// conversations paused at a turn boundary, and their turns queued
+	pausedTotal, queuedTurns uint64
+	oversized                uint64 // placed at once: fitted no replica even empty
+	waitedNanos              uint64
+	turnFP                   recent // footprints of recent turns (peak)
+	gaps                     recent // recent pauses between turns, in milliseconds
 
 	// the last spill decisions (spill.go), a ring
 	spillLog [recentSpills]SpillCost
@@ -698,6 +709,17 @@ func (r *Router) route(req Request, queue bool) (Decision, *Ticket, error) {
 		}
 	}
 	r.arrive(e, req.Tokens, now) // learnt with admission off too
+	if r.b.ents[e].flags&flagPaused != 0 {
+		if queue && r.admit {
+			if req.Unread {
+				return Decision{}, nil, ErrUnread
+			}
+			if d, t, ok := r.queueTurn(req, e, h, now); ok {
+				return d, t, nil
+			}
+		}
+		r.b.ents[e].flags &^= flagPaused
+	}
 	if again {
 		// the conversation was compacted or cleared and continues with
 		// the new start: its old prefix buys nothing

@@ -112,7 +112,7 @@ func addCommon(fs *flag.FlagSet, c *common, w bench.Workload, stageLength, warmu
 	fs.DurationVar(&c.w.Waves, "waves", w.Waves, "start sessions in waves this far apart, engine time: all at their first turn when a stage begins, each next one at the next wave (0: staggered, back to back)")
 }
 
-const presetHelp = "4gpu (4 × A4000, Qwen3-4B, 14k-token sessions), 7gpu (7 × RTX 5090, 27B, 58k-token sessions, 16 vs 26 sessions), seqs8 (4gpu with max_num_seqs 8) or waves (4gpu with sessions starting in waves a minute apart)"
+const presetHelp = "4gpu (4 × A4000, Qwen3-4B, 14k-token sessions), 7gpu (7 × RTX 5090, 27B, 58k-token sessions, 16 vs 26 sessions), seqs8 (4gpu with max_num_seqs 8), waves (4gpu with sessions starting in waves a minute apart) or fleet (7gpu with agents that run 60 turns and grow to ≈115k tokens, 40-minute stages)"
 
 // httpModes checks the modes of a run over HTTP: the lifecycle mode needs
 // Caddy configurations the demo writes (restart detection off for on,

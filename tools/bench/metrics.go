@@ -93,6 +93,10 @@ type Stage struct {
 	// replica had room for. The simulator measures it; runs against real
 	// replicas leave it 0.
 	IdleWhileHeldS float64 `json:"idle_while_held_s,omitempty"`
+	// WaitLaterP95S and WaitLaterMaxS: how long later turns waited at the
+	// router (a conversation paused at a turn boundary waits its turn).
+	WaitLaterP95S float64 `json:"wait_later_p95_s,omitempty"`
+	WaitLaterMaxS float64 `json:"wait_later_max_s,omitempty"`
 }
 
 // waited is how long the turn waited at the router.
@@ -120,6 +124,7 @@ func Measure(turns []TurnRecord, polls []Poll, w Window) Stage {
 	})
 	var (
 		ttfb, first, later, wait []float64
+		waitLater                []float64
 		completion               []float64
 		outTokens, finished      int
 		stayedN, stayedOf        int
@@ -137,6 +142,7 @@ func Measure(turns []TurnRecord, polls []Poll, w Window) Stage {
 				wait = append(wait, t.waited().Seconds())
 			} else {
 				later = append(later, v)
+				waitLater = append(waitLater, t.waited().Seconds())
 			}
 		}
 		if t.Turn == 0 && !t.Err && !t.Aborted {
@@ -178,8 +184,12 @@ func Measure(turns []TurnRecord, polls []Poll, w Window) Stage {
 	sort.Float64s(ttfb)
 	st.TTFBP50S = Percentile(ttfb, 0.50)
 	st.TTFBP95S = Percentile(ttfb, 0.95)
-	for _, v := range [][]float64{first, later, wait, completion} {
+	for _, v := range [][]float64{first, later, wait, waitLater, completion} {
 		sort.Float64s(v)
+	}
+	st.WaitLaterP95S = Percentile(waitLater, 0.95)
+	if n := len(waitLater); n > 0 {
+		st.WaitLaterMaxS = waitLater[n-1]
 	}
 	st.TTFBFirstP50S, st.TTFBFirstP95S = Percentile(first, 0.50), Percentile(first, 0.95)
 	st.TTFBLaterP50S, st.TTFBLaterP95S = Percentile(later, 0.50), Percentile(later, 0.95)

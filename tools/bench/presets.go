@@ -120,6 +120,21 @@ func SimPreset(name string) (SimConfig, error) {
 		return SmallSeqsSimConfig(), nil
 	case "waves":
 		return WavesSimConfig(), nil
+	case "fleet":
+		return FleetSimConfig(), nil
 	}
-	return SimConfig{}, fmt.Errorf("unknown preset %q (4gpu, 7gpu, seqs8 or waves)", name)
+	return SimConfig{}, fmt.Errorf("unknown preset %q (4gpu, 7gpu, seqs8, waves or fleet)", name)
+}
+
+// FleetSimConfig is the 7-GPU story's agents as they run: headless agents
+// that keep going for 60 turns (an 8,000-token first message, 1,500 new
+// tokens a turn, 3 s tool pauses), so a conversation grows to ≈115k tokens
+// and ends rarely; 16 of them fit the seven caches, 26 do not (≈1.5M
+// tokens against 7 × 144k). Stages are 40 minutes after 5 of warm-up.
+func FleetSimConfig() SimConfig {
+	c := SevenGPUSimConfig()
+	c.Workload.Turns, c.Workload.FirstTokens, c.Workload.TurnTokens = 60, 8000, 1500
+	c.Modes = []string{ModeHeader, ModeOn, ModeAdmit}
+	c.StageLength, c.Warmup = 40*time.Minute, 5*time.Minute
+	return c
 }

@@ -119,9 +119,9 @@ func TestReportTableHeadlineIsTheDefault(t *testing.T) {
 	for _, want := range []string{
 		"| Sessions | Sessions/h vllm-dp → default |",
 		"| 8 | 100 → 200 |",
-		"| 8 | on | ",                           // affinity alone in the per-stage table
-		"| 0.00 / 0.00 | 0 | — | 0 |",           // no session completed: no completion time
-		"| 0.00 / 0.00 | 0 | 30.0 / 40.0 | 1 |", // one did
+		"| 8 | on | ",                                         // affinity alone in the per-stage table
+		"| 0.00 / 0.00 | 0.00 / 0.00 | 0 | — | 0 |",           // no session completed: no completion time
+		"| 0.00 / 0.00 | 0.00 / 0.00 | 0 | 30.0 / 40.0 | 1 |", // one did
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)

@@ -546,3 +546,38 @@ func TestWorkloadWaves(t *testing.T) {
 		t.Errorf("waves: %d requests, %d sessions completed (at most 8 can start)", st.Requests, st.CompletedCounts)
 	}
 }
+
+// TestSimFleetTimeSlicing runs the fleet preset: agents that keep going
+// for 60 turns and grow to ≈115k tokens. At 16 sessions they fit the seven
+// caches and admission holds nobody back; at 26 they do not, and
+// turn-boundary time-slicing keeps a subset resident and rotates it, where
+// affinity alone recomputes most prompts. A paused conversation's turn
+// waits at most AdmitWait (then it runs anyway): no session starves.
+func TestSimFleetTimeSlicing(t *testing.T) {
+	sweep(t)
+	cfg := FleetSimConfig()
+	cfg.Modes = []string{ModeOn, ModeAdmit}
+	rep := simLogged(t, cfg)
+	on16, _ := rep.Find(ModeOn, 16)
+	ad16, _ := rep.Find(ModeAdmit, 16)
+	on26, _ := rep.Find(ModeOn, 26)
+	ad26, _ := rep.Find(ModeAdmit, 26)
+	if ad16.PrefixHitPct < on16.PrefixHitPct || ad16.OutputTokensPerMin < on16.OutputTokensPerMin {
+		t.Errorf("16 sessions: admit %.1f %% hits, %.0f tok/min; on %.1f %%, %.0f", ad16.PrefixHitPct, ad16.OutputTokensPerMin, on16.PrefixHitPct, on16.OutputTokensPerMin)
+	}
+	if ad16.WaitFirstP95S > 60 {
+		t.Errorf("16 sessions: first turns waited %.0f s (p95) at the router; they fit", ad16.WaitFirstP95S)
+	}
+	if ad26.PrefixHitPct < 70 || ad26.OutputTokensPerMin < 2*on26.OutputTokensPerMin {
+		t.Errorf("26 sessions: admit %.1f %% hits, %.0f tok/min; want ≥ 70 %% and ≥ 2× on's %.0f", ad26.PrefixHitPct, ad26.OutputTokensPerMin, on26.OutputTokensPerMin)
+	}
+	if most := (placement.DefaultAdmitWait + cfg.PollInterval).Seconds(); ad26.WaitLaterMaxS > most || ad16.WaitLaterMaxS > most {
+		t.Errorf("later turns waited up to %.0f s (16) and %.0f s (26) at the router; want ≤ %.0f", ad16.WaitLaterMaxS, ad26.WaitLaterMaxS, most)
+	}
+	if ad26.WaitLaterP95S <= 0 {
+		t.Errorf("26 sessions: no later turn waited: nothing was paused")
+	}
+	if on26.WaitLaterMaxS != 0 {
+		t.Errorf("on, 26 sessions: a later turn waited %.0f s without admission", on26.WaitLaterMaxS)
+	}
+}

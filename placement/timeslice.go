@@ -1,0 +1,131 @@
+package placement
+
+// Turn-boundary time-slicing (rule 6b): when conversations wait for room,
+// a conversation that has run its quantum of turns since it was admitted
+// is paused at the end of a turn: it leaves its replica's working set, and
+// its next turn waits in the admission queue, behind those that waited
+// before it, until it fits again. Paused and new conversations share the
+// queue, its order and its rules; when nothing waits, nothing is paused.
+
+const (
+	// flagPaused: the conversation was paused at a turn boundary; its next
+	// turn waits in the admission queue (timeslice.go).
+	flagPaused uint16 = 256
+
+	// DefaultRotateTurns is the quantum: the turns a conversation runs
+	// after it was admitted before it may be paused for one that waits.
+	DefaultRotateTurns = 8
+	// minRunsOver: the fewest turns a conversation runs after it was
+	// admitted before it may be paused because its replica is over its
+	// KV: it paid a prefill to come in, and its next turn finds it cached.
+	minRunsOver = 2
+)
+
+// maybePause pauses the conversation of entry e, whose turn just ended and
+// which has run its quantum since it was admitted, when its replica's
+// conversations need more KV at once than it holds (see demand, by their
+// actual sizes), or when the first conversation waiting for room is a
+// paused one: its room goes to those that stay, or to the one that waits.
+// A conversation within its quantum is never paused: it paid a prefill to
+// come in. r.mu held.
+func (r *Router) maybePause(e int32, now int64) {
+	en := &r.b.ents[e]
+	if r.cfg.RotateTurns < 0 || !r.admit || en.busy > 0 || en.flags&flagPaused != 0 || en.runs < minRunsOver {
+		return
+	}
+	if len(r.queue) == 0 || !r.queue[0].paused || int(en.runs) < r.cfg.RotateTurns {
+		p := r.reps[en.rep]
+		c := r.capacity(p)
+		_, load := r.demand(p, 0, 0, now, r.footprint)
+		over := c > 0 && load > r.cfg.HighWater*float64(c)
+		// the engine confirms: requests wait in it while others stay
+		queued := p.waitingKnown() && p.waiting() > 0 && r.othersResident(e, p, now)
+		if !over && !queued {
+			return
+		}
+	}
+	en.flags |= flagPaused
+	en.runs = 0
+	r.pausedTotal++
+	if len(r.queue) > 0 {
+		r.admitQueued(now)
+	}
+}
+
+// queueTurn queues the turn of the paused conversation of entry e: it
+// waits for room as a new conversation does. With the queue full it is
+// not refused (its conversation was admitted once): it runs on its
+// replica. r.mu held.
+func (r *Router) queueTurn(req Request, e int32, h uint64, now int64) (Decision, *Ticket, bool) {
+	if len(r.queue) >= r.cfg.AdmitQueue {
+		r.b.ents[e].flags &^= flagPaused
+		return Decision{}, nil, false
+	}
+	t := &Ticket{r: r, h: h, start: req.Start, est: r.footprint(&r.b.ents[e]), enq: now, paused: true, ready: make(chan struct{})}
+	r.queue = append(r.queue, t)
+	r.queuedTurns++
+	return Decision{}, t, true
+}
+
+// resumeTarget is where the paused conversation of entry e resumes: its
+// replica when it fits there again by the actual sizes (see demand; some
+// of its cache may be left), else the replica with the most room where it
+// fits; nil while it fits nowhere. r.mu held.
+func (r *Router) resumeTarget(e int32, now int64) *replica {
+	en := &r.b.ents[e]
+	fp := r.footprint(en)
+	room := func(q *replica) float64 {
+		c := r.capacity(q)
+		if c <= 0 || !r.usable(q) {
+			return -1
+		}
+		// under the low mark: a conversation resumed at the high one
+		// would be paused again after its next turn
+		inFlight, load := r.demand(q, fp, fp, now, r.footprint)
+		low := (r.cfg.HighWater - AdmitHysteresis) * float64(c)
+		return min(low-float64(inFlight), low-load)
+	}
+	if q := r.reps[en.rep]; room(q) >= 0 {
+		return q
+	}
+	var best *replica
+	bestRoom := -1.0
+	for _, i := range r.order {
+		if q := r.reps[i]; q != r.reps[en.rep] {
+			if m := room(q); m > bestRoom {
+				best, bestRoom = q, m
+			}
+		}
+	}
+	return best
+}
+
+// resume admits the paused conversation of entry e on p at now. r.mu held.
+func (r *Router) resume(e int32, p *replica, now int64) Decision {
+	en := &r.b.ents[e]
+	en.flags &^= flagPaused
+	en.runs = 0
+	r.keyed++
+	if en.rep == p.idx {
+		return r.stay(e, p, now, ReasonSticky)
+	}
+	r.rebind(e, p, now)
+	p.replaced++
+	return r.take(p, ReasonReplaced, e)
+}
+
+// othersResident reports whether conversations other than entry e's are
+// resident on p (in flight, or neither paused nor gone quiet). r.mu held.
+func (r *Router) othersResident(e int32, p *replica, now int64) bool {
+	horizon := now - int64(r.cfg.AdmitWindow)
+	for o := p.head; o != nilIdx; o = r.b.ents[o].rnext {
+		en := &r.b.ents[o]
+		if en.last < horizon {
+			break
+		}
+		if o != e && (en.busy > 0 || (en.flags&flagPaused == 0 && now-en.last <= r.resident(en))) {
+			return true
+		}
+	}
+	return false
+}

@@ -332,6 +332,13 @@ type AdmissionRow struct {
 	// when unknown).
 	WorkingSetTokens int64 `json:"working_set_tokens"`
 	CapacityTokens   int64 `json:"capacity_tokens"`
+	// Time-slicing: the quantum in turns (-1 off), the conversations paused
+	// now, and since the router started the pauses and the turns of paused
+	// conversations that waited to resume.
+	RotateTurns int    `json:"rotate_turns"`
+	Paused      int    `json:"paused"`
+	PausedTotal uint64 `json:"paused_total"`
+	QueuedTurns uint64 `json:"queued_turns"`
 }
 
 func admissionRow(a placement.AdmissionSnapshot) AdmissionRow {
@@ -342,6 +349,7 @@ func admissionRow(a placement.AdmissionSnapshot) AdmissionRow {
 		AdmittedAfterWait: a.AdmittedAfterWait, AdmittedAtLimit: a.AdmittedAtLimit,
 		Refused: a.Refused, Cancelled: a.Cancelled,
 		WorkingSetTokens: a.WorkingSetTokens, CapacityTokens: a.CapacityTokens,
+		RotateTurns: a.RotateTurns, Paused: a.Paused, PausedTotal: a.PausedTotal, QueuedTurns: a.QueuedTurns,
 	}
 	if n := a.AdmittedAfterWait + a.AdmittedAtLimit; n > 0 {
 		row.MeanWaitS = optional(a.WaitedTotal.Seconds() / float64(n))
@@ -418,6 +426,7 @@ type ReplicaRow struct {
 	PrefixHitRateTotal *float64   `json:"prefix_hit_rate_total"`
 	Bindings           int        `json:"bindings"`
 	Active             int        `json:"active"`
+	Paused             int        `json:"paused"` // of the bindings, paused at a turn boundary
 	Tokens             TokenCount `json:"tokens"`
 	// Admission: the context its active conversations hold (each counted
 	// at what conversations grow to), its KV capacity in tokens (null when
@@ -486,7 +495,7 @@ func buildCard(m *modelState, now time.Time) Card {
 			ID: r.ID, Available: r.Available, Out: r.Out.Names(), ProxyFailures: r.ProxyFailures, Held: r.InFlight,
 			Sticky: r.Sticky, StayedOverloaded: r.StayedOverloaded, Placed: r.Placed,
 			SpillAccepted: r.SpillAccepted, SpillDeclined: r.SpillDeclined, ClientPinned: r.ClientPinned, Replaced: r.Replaced,
-			AffinityOff: r.AffinityOff, NoKey: r.NoKey, Bindings: r.Bindings, Active: r.Active,
+			AffinityOff: r.AffinityOff, NoKey: r.NoKey, Bindings: r.Bindings, Active: r.Active, Paused: r.Paused,
 			Restarted: r.Restarted, Side: r.Side, ColdReplaced: r.ColdReplaced, ColdMarked: r.ColdMarked, Ended: r.Ended,
 			PredictedCached: r.PredictedTokens, DeliveredCached: r.DeliveredTokens,
 			WorkingSetTokens: r.WorkingSet, Full: r.Full,

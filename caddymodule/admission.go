@@ -25,6 +25,14 @@ var admissionWait = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 	Buckets: []float64{0.1, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 180, 300, 600},
 }, []string{"model", "outcome"})
 
+// pausedWait is the time turns of conversations paused at a turn boundary
+// (time-slicing) waited for their conversation's turn to come again.
+var pausedWait = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+	Name:    "lm_warden_paused_wait_seconds",
+	Help:    "Time a turn of a conversation paused at a turn boundary waited to resume, by outcome: admitted, wait_limit (resumed at admit_wait), cancelled (the client left).",
+	Buckets: []float64{0.1, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 180, 300, 600},
+}, []string{"model", "outcome"})
+
 // await holds a new conversation's first request until the router admits
 // it, its deadline (admit_wait) passes, or its client goes away, and
 // returns how long it held it. Nothing is left behind: the timer is
@@ -52,7 +60,11 @@ func (m *modelState) await(ctx context.Context, tk *placement.Ticket) (placement
 	if outcome == "admitted" && tk.Forced() {
 		outcome = "wait_limit"
 	}
-	admissionWait.WithLabelValues(m.name, outcome).Observe(waited.Seconds())
+	h := admissionWait
+	if tk.Paused() {
+		h = pausedWait
+	}
+	h.WithLabelValues(m.name, outcome).Observe(waited.Seconds())
 	if outcome == "cancelled" {
 		return placement.Decision{}, waited, ctx.Err()
 	}

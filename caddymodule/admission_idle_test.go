@@ -57,7 +57,10 @@ func TestAdmissionNeverHoldsWhileAReplicaIsIdle(t *testing.T) {
 	if a.Queued != 0 || a.AdmittedAtLimit != 0 || a.Waiting != 0 {
 		t.Fatalf("newcomers waited with idle replicas: queued %d, at the limit %d, waiting %d", a.Queued, a.AdmittedAtLimit, a.Waiting)
 	}
-	if a.WorkingSetTokens <= a.CapacityTokens {
-		t.Fatalf("working set %d within the capacity %d: the estimate never held anyone back, the test shows nothing", a.WorkingSetTokens, a.CapacityTokens)
+	// the estimate was over the caches: the working set outgrew them, or
+	// time-slicing paused conversations that finished their turns (they
+	// went quiet here) to keep it within them
+	if a.WorkingSetTokens <= a.CapacityTokens && a.PausedTotal == 0 {
+		t.Fatalf("working set %d within the capacity %d and nothing paused: the estimate never held anyone back, the test shows nothing", a.WorkingSetTokens, a.CapacityTokens)
 	}
 }

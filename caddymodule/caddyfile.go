@@ -118,6 +118,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 //	    admit_window       <duration>
 //	    admit_wait         <duration>
 //	    admit_queue        <n>
+//	    rotate_turns       off|<n>
 //	    # store
 //	    store redis { ... }  (see unmarshalStore)
 //	    # tuning
@@ -184,6 +185,8 @@ func (p *Policy) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			p.AdmitWait, err = parseDuration(d, opt)
 		case "admit_queue":
 			p.AdmitQueue, err = parsePositive(d)
+		case "rotate_turns":
+			p.RotateTurns, err = parsePositiveOr(d, opt, "off", -1)
 		// store
 		case "store":
 			err = p.unmarshalStore(d)

@@ -98,6 +98,12 @@ var (
 	descAdmissionCancelled = prometheus.NewDesc("lm_warden_admission_cancelled_total",
 		"Waiting conversations whose client went away.",
 		[]string{"model"}, nil)
+	descPaused = prometheus.NewDesc("lm_warden_paused_conversations",
+		"Conversations bound to the replica that are paused at a turn boundary (time-slicing): their next turn waits for room.",
+		[]string{"model", "replica"}, nil)
+	descPausedTotal = prometheus.NewDesc("lm_warden_pauses_total",
+		"Conversations paused at a turn boundary (time-slicing) since the router started.",
+		[]string{"model"}, nil)
 	descProxyFailures = prometheus.NewDesc("lm_warden_proxy_failures_total",
 		"Requests that failed at the replica: no connection, no response headers in time, a 5xx answer or a cut stream.",
 		[]string{"model", "replica"}, nil)
@@ -122,7 +128,7 @@ func (collector) Describe(ch chan<- *prometheus.Desc) {
 		descReachable, descPollErrors, descAvailable, descOut, descProxyFailures,
 		descStickyCached, descColdMarked, descEnded, descWorkingSet, descEngineKV, descKVCapacity,
 		descAdmissionActive, descAdmissionWaiting, descAdmissionQueued, descAdmissionAdmitted,
-		descAdmissionRefused, descAdmissionCancelled} {
+		descAdmissionRefused, descAdmissionCancelled, descPaused, descPausedTotal} {
 		ch <- d
 	}
 }
@@ -146,6 +152,7 @@ func (collector) Collect(ch chan<- prometheus.Metric) {
 		counter(descAdmissionAdmitted, float64(a.AdmittedAtLimit), m.name, "wait_limit")
 		counter(descAdmissionRefused, float64(a.Refused), m.name)
 		counter(descAdmissionCancelled, float64(a.Cancelled), m.name)
+		counter(descPausedTotal, float64(a.PausedTotal), m.name)
 		for _, r := range rs.Replicas {
 			for _, c := range [...]struct {
 				reason string
@@ -168,6 +175,7 @@ func (collector) Collect(ch chan<- prometheus.Metric) {
 			}
 			gauge(descInFlight, float64(r.InFlight), m.name, r.ID)
 			gauge(descReplicaBindings, float64(r.Bindings), m.name, r.ID)
+			gauge(descPaused, float64(r.Paused), m.name, r.ID)
 			gauge(descAvailable, b2f(r.Available), m.name, r.ID)
 			// A figure the engine did not export gets no sample, not a 0.
 			running, waiting, kv := engineLoad(r.Load)
@@ -235,7 +243,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{theCollector, admissionWait} {
+	for _, c := range []prometheus.Collector{theCollector, admissionWait, pausedWait} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if !errors.As(err, &are) {

@@ -177,6 +177,12 @@ type Policy struct {
 	// Retry-After. Default 1024.
 	AdmitQueue int `json:"admit_queue,omitempty"`
 
+	// Time-slicing's quantum: while conversations wait for room, a
+	// conversation that has run this many turns since it was admitted is
+	// paused at the end of its turn for one that waits; -1 never rotates
+	// (nor pauses a conversation for an over-full replica). Default 8.
+	RotateTurns int `json:"rotate_turns,omitempty"`
+
 	// Request body bytes per prompt token, to estimate a new
 	// conversation's size before the engine counts it. Default 4.
 	BytesPerToken float64 `json:"bytes_per_token,omitempty"`
@@ -221,6 +227,7 @@ func (p *Policy) routerConfig() placement.Config {
 		AdmitWindow:     time.Duration(p.AdmitWindow),
 		AdmitWait:       time.Duration(p.AdmitWait),
 		AdmitQueue:      p.AdmitQueue,
+		RotateTurns:     p.RotateTurns,
 	}
 }
 

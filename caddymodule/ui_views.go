@@ -72,6 +72,8 @@ var uiReplicaColumns = []uiColumn{
 		Title: "cached tokens the engine delivered on sticky turns, as a share of what the bindings predicted"},
 	{Key: "bindings", Label: "Bindings (recent)", Group: "Decisions",
 		Title: "conversations bound to the replica (of those, with a turn within active_window)"},
+	{Key: "paused", Label: "Paused", Group: "Decisions",
+		Title: "conversations bound here paused at a turn boundary: their next turn waits until room comes round again (time-slicing, rotate_turns)"},
 	{Key: "sticky", Label: "Sticky", Group: "Decisions", Title: "turns that stayed on their replica"},
 	{Key: "spill_accepted", Label: "Spill-accepted", Group: "Decisions", Title: "conversations moved here from a replica over the spill threshold"},
 	{Key: "spill_declined", Label: "Spill-declined", Group: "Decisions",
@@ -233,6 +235,7 @@ func buildCardView(doc Card, now time.Time) uiCardView {
 				"side":           uiCount(r.Side),
 				"cold_replaced":  uiCount(r.ColdReplaced),
 				"ended":          uiCount(r.Ended),
+				"paused":         uiCount(r.Paused),
 				"bindings":       {V: r.Bindings, T: humanize.Comma(int64(r.Bindings)) + " (" + humanize.Comma(int64(r.Active)) + " recent)"},
 				"working_set":    uiWorkingSet(r.WorkingSetTokens, r.KVCapacityTokens, r.EngineKVTokens, r.Full),
 				"state":          state,
@@ -332,6 +335,9 @@ func uiAdmission(a AdmissionRow) uiVal {
 	}
 	if a.Refused > 0 {
 		t += " · " + humanize.Comma(int64(a.Refused)) + " refused"
+	}
+	if a.Paused > 0 || a.PausedTotal > 0 {
+		t += " · " + humanize.Comma(int64(a.Paused)) + " paused (" + humanize.Comma(int64(a.PausedTotal)) + " pauses, every " + humanize.Comma(int64(a.RotateTurns)) + " turns at most while others wait)"
 	}
 	return uiVal{V: a.Waiting, T: t}
 }

@@ -532,6 +532,11 @@ type Ticket struct {
 	paused  bool // the turn of a paused conversation (timeslice.go)
 }
 
+// Paused reports whether the ticket holds the turn of a conversation
+// paused at a turn boundary (timeslice.go), not a new conversation's
+// first request.
+func (t *Ticket) Paused() bool { return t.paused }
+
 const (
 	ticketWaiting uint8 = iota
 	ticketAdmitted
@@ -777,6 +782,12 @@ type AdmissionSnapshot struct {
 	// Oversized counts the new conversations placed at once on the
 	// emptiest replica because they fit none even empty.
 	Oversized uint64
+	// Time-slicing (timeslice.go): the quantum in turns (negative: off),
+	// the conversations paused now, and since the Router was created the
+	// pauses and the turns of paused conversations that waited.
+	RotateTurns              int
+	Paused                   int
+	PausedTotal, QueuedTurns uint64
 	// The replicas' working sets and KV capacities, summed, and the KV
 	// their engines report in use (EngineKVTokens, -1 when no engine
 	// exports its gauge).
@@ -810,6 +821,7 @@ func (r *Router) Admission() AdmissionSnapshot {
 	for _, i := range r.order {
 		p := r.reps[i]
 		a.add(r.workingSet(p, r.clock), r.capacity(p), r.engineKV(p), p.strained())
+		a.Paused += r.pausedOn(p)
 	}
 	return a
 }
@@ -824,6 +836,7 @@ func (r *Router) admissionSnapshot() AdmissionSnapshot {
 		Waiting: len(r.queue), Queued: r.queued, AdmittedAfterWait: r.admittedAfterWait,
 		AdmittedAtLimit: r.admittedAtLimit, Refused: r.refused, Cancelled: r.cancelled,
 		WaitedTotal: time.Duration(r.waitedNanos), Oversized: r.oversized, EngineKVTokens: -1,
+		RotateTurns: r.cfg.RotateTurns, PausedTotal: r.pausedTotal, QueuedTurns: r.queuedTurns,
 	}
 	for _, t := range r.queue {
 		a.WaitingTokens += t.est

@@ -236,11 +236,29 @@
 // until it has waited AdmitWait, when it is placed on the best replica
 // anyway. Beyond AdmitQueue waiting, Admit refuses new conversations with
 // ErrQueueFull. Route never queues: it places a conversation that fits
-// nowhere on the best replica at once. Turns of bound conversations never
-// wait; sub-agents (Request.Parent bound) do not either; spills go only to
-// replicas where the conversation fits, and re-placements prefer them. A
-// conversation that fits no replica even empty (over every replica's
-// mark) goes to the emptiest replica at once (AdmissionSnapshot.Oversized).
+// nowhere on the best replica at once. Turns of bound conversations wait
+// only when their conversation was paused (below); sub-agents
+// (Request.Parent bound) never wait; spills go only to replicas where the
+// conversation fits, and re-placements prefer them. A conversation that
+// fits no replica even empty (over every replica's mark) goes to the
+// emptiest replica at once (AdmissionSnapshot.Oversized).
+//
+// Time-slicing (timeslice.go). Conversations that never end never make
+// room, and they grow: admission alone lets them outgrow the caches. At
+// the end of a turn, a conversation that has run two turns since it was
+// admitted (it paid a prefill to come in) is paused when its replica's
+// conversations need more KV at once than it holds, by their actual sizes
+// (the demand above, each at its context now, not what conversations grow
+// to), or when the engine queues requests while other conversations stay
+// there; and, after its quantum of Config.RotateTurns turns, when the first
+// of the queue is a paused conversation. A paused conversation leaves its
+// replica's working set; its next turn waits in the same queue, in the
+// same order, as a new conversation's first request, and resumes on its
+// replica when it fits there under the low mark (HighWater −
+// AdmitHysteresis; some of its cache may be left), else on the replica
+// with the most room, or at AdmitWait anyway, so no conversation waits
+// longer than that. When nothing is over and nothing waits, nothing is
+// paused.
 //
 // The working set is tracked whether admission is on or off (turns held,
 // pauses learnt), so it means the same in both and SetAdmission(true)

@@ -64,6 +64,7 @@ type ReplicaSnapshot struct {
 
 	Bindings int // conversations currently bound here
 	Active   int // of those, used within ActiveWindow
+	Paused   int // of those, paused at a turn boundary (their next turn waits)
 	Load     Load
 
 	// Admission: the resident working set and the KV capacity in tokens
@@ -145,13 +146,14 @@ func (r *Router) Snapshot() Snapshot {
 			ClientPinned: p.pinned, Replaced: p.replaced, AffinityOff: p.affOff, NoKey: p.noKey,
 			Restarted: p.restarted, Side: p.side, ColdReplaced: p.coldReplaced, ColdMarked: p.coldMarked, Ended: p.ended,
 			MeasuredTurns: p.measured, PredictedTokens: p.predicted, DeliveredTokens: p.delivered,
-			Bindings: p.bindings, Active: p.active, Load: p.load,
+			Bindings: p.bindings, Active: p.active, Paused: r.pausedOn(p), Load: p.load,
 			WorkingSet: ws, Capacity: c, Full: p.full,
 			EngineKV: r.engineKV(p), Hits: p.hits, Busy: p.busy,
 			PrefillRate: p.cost.rate, TurnTime: time.Duration(p.cost.turn * 1e9),
 		})
 		row := &s.Replicas[len(s.Replicas)-1]
 		s.Admission.add(row.WorkingSet, row.Capacity, row.EngineKV, p.strained())
+		s.Admission.Paused += row.Paused
 	}
 	slices.SortFunc(s.Replicas, func(a, b ReplicaSnapshot) int {
 		switch {

@@ -129,3 +129,14 @@ func (r *Router) othersResident(e int32, p *replica, now int64) bool {
 	}
 	return false
 }
+
+// pausedOn counts the conversations bound to p that are paused. r.mu held.
+func (r *Router) pausedOn(p *replica) int {
+	n := 0
+	for e := p.head; e != nilIdx; e = r.b.ents[e].rnext {
+		if r.b.ents[e].flags&flagPaused != 0 {
+			n++
+		}
+	}
+	return n
+}

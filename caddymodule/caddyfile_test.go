@@ -109,6 +109,15 @@ func TestPolicyCaddyfile(t *testing.T) {
 		{"bad admission", `lm_warden {
 			admission sometimes
 		}`, &Policy{}, true},
+		{"rotate_turns", `lm_warden m {
+			rotate_turns 4
+		}`, &Policy{Model: "m", RotateTurns: 4}, false},
+		{"rotate_turns off", `lm_warden m {
+			rotate_turns off
+		}`, &Policy{Model: "m", RotateTurns: -1}, false},
+		{"bad rotate_turns", `lm_warden {
+			rotate_turns 0
+		}`, &Policy{}, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -136,6 +145,8 @@ func TestPolicyValidate(t *testing.T) {
 		{"bad scheme", &Policy{Model: "m", PollScheme: "ftp"}, false},
 		{"high water too high", &Policy{Model: "m", AdmitHighWater: 5}, false},
 		{"negative kv_tokens", &Policy{Model: "m", KVTokens: -1}, false},
+		{"rotate_turns off", &Policy{Model: "m", RotateTurns: -1}, true},
+		{"rotate_turns below off", &Policy{Model: "m", RotateTurns: -2}, false},
 		{"bytes per token too high", &Policy{Model: "m", BytesPerToken: 100}, false},
 	} {
 		if err := tt.p.Validate(); (err == nil) != tt.ok {

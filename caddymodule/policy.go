@@ -397,6 +397,8 @@ func (p *Policy) Validate() error {
 		return fmt.Errorf("lm_warden %s: poll_timeout must be shorter than poll_interval", p.Model)
 	case p.KVTokens < 0, p.AdmitQueue < 0, p.AdmitWindow < 0, p.AdmitWait < 0:
 		return fmt.Errorf("lm_warden %s: kv_tokens, admit_queue, admit_window and admit_wait must not be negative", p.Model)
+	case p.RotateTurns < -1:
+		return fmt.Errorf("lm_warden %s: rotate_turns must be -1 (off) or a positive number of turns, got %d", p.Model, p.RotateTurns)
 	case p.AdmitHighWater < 0 || p.AdmitHighWater > 4:
 		return fmt.Errorf("lm_warden %s: admit_high_water must be in (0, 4], got %g", p.Model, p.AdmitHighWater)
 	case p.BytesPerToken < 0 || p.BytesPerToken > 64:

@@ -10,16 +10,22 @@ import (
 
 // TestTimeSlicingHoldsAPausedTurn drives turn-boundary time-slicing through
 // real Caddy: two conversations on one replica that holds only one of
-// them (kv_tokens 2500, each ≈2,000 tokens; the second was admitted while
+// them (kv_tokens 2300, each ≈2,000 tokens; the second was admitted while
 // the engine idled); after its second turn the first is paused, its next
 // turn waits in Caddy with its body, and it resumes on its replica once
 // the other leaves, with X-LM-Warden-Wait saying how long it waited.
 func TestTimeSlicingHoldsAPausedTurn(t *testing.T) {
 	const model = "ts-hold"
-	// 2,500 tokens: one bigTurn conversation fits, two do not even at
-	// their share of the time in flight (a client that sends one turn
-	// after the other keeps each in flight about half the time)
-	admissionSite(t, model, "kv_tokens 2500", "")
+	// 2,300 tokens: one bigTurn conversation (≈1,700 tokens of its own)
+	// fits, two do not even at their share of the time in flight; a
+	// client that sends one turn after the other keeps each in flight
+	// about half the time once the engine's turns are long against the
+	// round trips between them (slowed 50×: about half a second)
+	emu, _ := admissionSite(t, model, "kv_tokens 2300", "")
+	if err := emu.SetSlow(0, 50); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = emu.SetSlow(0, 1) })
 	turn := func(id, want string) {
 		t.Helper()
 		if r := sendTurn(t, "/v1/messages", bigTurn(id), session(id)); r.status != 200 || r.reason != want {

@@ -71,9 +71,7 @@ var uiReplicaColumns = []uiColumn{
 	{Key: "delivered", Label: "Delivered / predicted", Group: "Cache",
 		Title: "cached tokens the engine delivered on sticky turns, as a share of what the bindings predicted"},
 	{Key: "bindings", Label: "Bindings (recent)", Group: "Decisions",
-		Title: "conversations bound to the replica (of those, with a turn within active_window)"},
-	{Key: "paused", Label: "Paused", Group: "Decisions",
-		Title: "conversations bound here paused at a turn boundary: their next turn waits until room comes round again (time-slicing, rotate_turns)"},
+		Title: "conversations bound to the replica (of those, with a turn within active_window; and paused at a turn boundary, whose next turn waits until room comes round again: time-slicing, rotate_turns)"},
 	{Key: "sticky", Label: "Sticky", Group: "Decisions", Title: "turns that stayed on their replica"},
 	{Key: "spill_accepted", Label: "Spill-accepted", Group: "Decisions", Title: "conversations moved here from a replica over the spill threshold"},
 	{Key: "spill_declined", Label: "Spill-declined", Group: "Decisions",
@@ -235,8 +233,7 @@ func buildCardView(doc Card, now time.Time) uiCardView {
 				"side":           uiCount(r.Side),
 				"cold_replaced":  uiCount(r.ColdReplaced),
 				"ended":          uiCount(r.Ended),
-				"paused":         uiCount(r.Paused),
-				"bindings":       {V: r.Bindings, T: humanize.Comma(int64(r.Bindings)) + " (" + humanize.Comma(int64(r.Active)) + " recent)"},
+				"bindings":       uiBindings(r),
 				"working_set":    uiWorkingSet(r.WorkingSetTokens, r.KVCapacityTokens, r.EngineKVTokens, r.Full),
 				"state":          state,
 			},
@@ -461,4 +458,14 @@ func uiHit(r ReplicaRow) uiVal {
 		return uiVal{V: nil, T: "idle"}
 	}
 	return uiOptPct(r.PrefixHitRate)
+}
+
+// uiBindings renders a replica's bindings: "12 (3 recent)", and "12 (3
+// recent, 2 paused)" while time-slicing holds some of them.
+func uiBindings(r ReplicaRow) uiVal {
+	t := humanize.Comma(int64(r.Bindings)) + " (" + humanize.Comma(int64(r.Active)) + " recent"
+	if r.Paused > 0 {
+		t += ", " + humanize.Comma(int64(r.Paused)) + " paused"
+	}
+	return uiVal{V: r.Bindings, T: t + ")"}
 }

@@ -806,9 +806,22 @@ func (a AdmissionSnapshot) Overcommitted() bool {
 }
 
 // strained reports whether p's engine confirms KV pressure (see
-// AdmissionSnapshot.Strained). r.mu held.
-func (p *replica) strained() bool {
-	return (p.waitingKnown() && p.waiting() > 0) || (p.hitsN > 0 && p.hits < HitsLow)
+// AdmissionSnapshot.Strained): requests wait in it for KV (see kvQueued),
+// or the turns returning to it find less than HitsLow of their cache.
+// r.mu held.
+func (r *Router) strained(p *replica) bool {
+	return r.kvQueued(p) || (p.hitsN > 0 && p.hits < HitsLow)
+}
+
+// kvQueued reports whether requests wait in p's engine while it runs
+// fewer than max_num_seqs: they wait for KV (or the batch's token budget),
+// not for a place in the batch. A queue of an engine that runs
+// max_num_seqs says nothing about its cache. r.mu held.
+func (r *Router) kvQueued(p *replica) bool {
+	if !p.waitingKnown() || p.waiting() == 0 {
+		return false
+	}
+	return p.load.RunningUnknown || p.load.Running < r.cfg.MaxNumSeqs
 }
 
 // Admission returns the state of working-set admission, with the
@@ -820,7 +833,7 @@ func (r *Router) Admission() AdmissionSnapshot {
 	a := r.admissionSnapshot()
 	for _, i := range r.order {
 		p := r.reps[i]
-		a.add(r.workingSet(p, r.clock), r.capacity(p), r.engineKV(p), p.strained())
+		a.add(r.workingSet(p, r.clock), r.capacity(p), r.engineKV(p), r.strained(p))
 		a.Paused += r.pausedOn(p)
 	}
 	return a

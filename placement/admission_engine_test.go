@@ -203,4 +203,17 @@ func TestOvercommittedNeedsTheEngine(t *testing.T) {
 	if a := r.Snapshot().Admission; a.Strained {
 		t.Errorf("strained at 79 %% hits (hits %.2f) with nothing waiting", r.Snapshot().Replicas[0].Hits)
 	}
+	// a queue in an engine that runs max_num_seqs waits for a place in
+	// the batch, not for KV (llm-d-inference-sim at max-num-seqs 8: the
+	// warning at 80 % hits); below max_num_seqs it waits for KV
+	r = admitRouter(1, 20000, Config{MaxNumSeqs: 8})
+	for _, tc := range []struct {
+		running int
+		want    bool
+	}{{8, false}, {5, true}} {
+		r.UpdateLoad("r0", Load{Reachable: true, KVTokens: 20000, Running: tc.running, Waiting: 2})
+		if got := r.Snapshot().Admission.Strained; got != tc.want {
+			t.Errorf("2 waiting, %d running of max_num_seqs 8: strained %v, want %v", tc.running, got, tc.want)
+		}
+	}
 }

@@ -152,7 +152,7 @@ func (r *Router) Snapshot() Snapshot {
 			PrefillRate: p.cost.rate, TurnTime: time.Duration(p.cost.turn * 1e9),
 		})
 		row := &s.Replicas[len(s.Replicas)-1]
-		s.Admission.add(row.WorkingSet, row.Capacity, row.EngineKV, p.strained())
+		s.Admission.add(row.WorkingSet, row.Capacity, row.EngineKV, r.strained(p))
 		s.Admission.Paused += row.Paused
 	}
 	slices.SortFunc(s.Replicas, func(a, b ReplicaSnapshot) int {

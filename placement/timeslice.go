@@ -38,8 +38,9 @@ func (r *Router) maybePause(e int32, now int64) {
 		c := r.capacity(p)
 		_, load := r.demand(p, 0, 0, now, r.footprint)
 		over := c > 0 && load > r.cfg.HighWater*float64(c)
-		// the engine confirms: requests wait in it while others stay
-		queued := p.waitingKnown() && p.waiting() > 0 && r.othersResident(e, p, now)
+		// the engine confirms: requests wait in it for KV while others
+		// stay
+		queued := r.kvQueued(p) && r.othersResident(e, p, now)
 		if !over && !queued {
 			return
 		}

@@ -148,6 +148,22 @@ func TestTimeSlicing(t *testing.T) {
 			},
 		},
 		{
+			name: "an engine queueing at max_num_seqs pauses nobody: it waits for a place in the batch, not for KV",
+			cfg:  Config{MaxNumSeqs: 4},
+			run: func(t *testing.T, r *Router) {
+				now := t0
+				for turn := range minRunsOver + 2 {
+					for _, k := range []string{"a", "b"} {
+						r.UpdateLoad("r0", Load{Reachable: true, KVTokens: 10000, Waiting: 2, Running: 4})
+						now = runTurn(t, r, k, 2000+100*turn, now)
+					}
+				}
+				if isPaused(r, "a") || isPaused(r, "b") {
+					t.Fatal("a conversation was paused for a queue of an engine that runs max_num_seqs")
+				}
+			},
+		},
+		{
 			name: "within its first turns after admission a conversation is not paused",
 			run: func(t *testing.T, r *Router) {
 				now := runTurn(t, r, "a", 4000, t0)

@@ -280,13 +280,15 @@ func (h *Handler) peek(r *http.Request, rb *replayBody, limit int, found func(pr
 		return h.readBody(r, rb)
 	}
 	limit = int(min(int64(limit), n))
-	head := make([]byte, peekSize)
+	hp := headPool.Get().(*[]byte)
+	head := *hp
 	if _, err := io.ReadFull(r.Body, head); err != nil {
+		headPool.Put(hp)
 		return nil, false, err
 	}
 	for {
 		if found(convkey.BytesView(head)) {
-			r.Body = &prefixBody{head: head, body: r.Body}
+			r.Body = &prefixBody{head: head, body: r.Body, pooled: hp}
 			return nil, false, nil
 		}
 		if len(head) >= limit {
@@ -294,12 +296,20 @@ func (h *Handler) peek(r *http.Request, rb *replayBody, limit int, found func(pr
 		}
 		more := len(head)
 		head = append(head, make([]byte, limit-more)...)
+		if hp != nil {
+			// copied into a larger buffer: the pool's is free
+			headPool.Put(hp)
+			hp = nil
+		}
 		if _, err := io.ReadFull(r.Body, head[more:]); err != nil {
 			return nil, false, err
 		}
 	}
 	body = rb.alloc(int(n))
 	copy(body, head)
+	if hp != nil {
+		headPool.Put(hp)
+	}
 	if _, err := io.ReadFull(r.Body, body[len(head):]); err != nil {
 		rb.pool = 0
 		return nil, false, err
@@ -333,14 +343,20 @@ func modelFromPrefix(prefix string) (model string, ok, twice bool) {
 // errModelTwice refuses a body that names its model twice.
 var errModelTwice = errors.New(`the request body has two "model" members: the engine would read the last, LM Warden routes by the first; send one`)
 
+// headPool holds the peekSize buffers peek reads a body's start into; a
+// prefixBody gives its buffer back once the proxy has read the start, so
+// a request whose body streams to the replica allocates none.
+var headPool = sync.Pool{New: func() any { b := make([]byte, peekSize); return &b }}
+
 // prefixBody is a body whose start was read: the start, then the rest.
 // A Read that returns the last of the start goes on reading the rest into
 // the same buffer, so the proxy writes the start and the rest's first bytes
 // to the replica in one piece, as it would the plain body (a Read of the
 // start alone costs one more write to the replica's connection).
 type prefixBody struct {
-	head []byte
-	body io.ReadCloser
+	head   []byte
+	body   io.ReadCloser
+	pooled *[]byte // head's buffer, from headPool: back to it once read
 }
 
 func (pb *prefixBody) Read(p []byte) (int, error) {
@@ -349,6 +365,11 @@ func (pb *prefixBody) Read(p []byte) (int, error) {
 	}
 	n := copy(p, pb.head)
 	pb.head = pb.head[n:]
+	if len(pb.head) == 0 && pb.pooled != nil {
+		// nothing refers to the buffer any more
+		headPool.Put(pb.pooled)
+		pb.pooled = nil
+	}
 	if len(pb.head) > 0 || n == len(p) {
 		return n, nil
 	}

@@ -27,6 +27,18 @@ func runTurn(t *testing.T, r *Router, key string, prompt int, now time.Time) tim
 	return end
 }
 
+// alternate runs n turns of a and then b, turn i of each at size(i)
+// prompt tokens, from now, and returns when the last ended.
+func alternate(t *testing.T, r *Router, n int, size func(i int) int, now time.Time) time.Time {
+	t.Helper()
+	for i := range n {
+		for _, k := range []string{"a", "b"} {
+			now = runTurn(t, r, k, size(i), now)
+		}
+	}
+	return now
+}
+
 func isPaused(r *Router, key string) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -43,12 +55,7 @@ func TestTimeSlicing(t *testing.T) {
 		{
 			name: "everything fits: nobody is paused, however long they run",
 			run: func(t *testing.T, r *Router) {
-				now := t0
-				for turn := range 3 * DefaultRotateTurns {
-					for _, k := range []string{"a", "b"} {
-						now = runTurn(t, r, k, 2000+50*turn, now)
-					}
-				}
+				alternate(t, r, 3*DefaultRotateTurns, func(turn int) int { return 2000 + 50*turn }, t0)
 				if isPaused(r, "a") || isPaused(r, "b") {
 					t.Fatal("a conversation was paused on a replica that holds both")
 				}
@@ -57,12 +64,7 @@ func TestTimeSlicing(t *testing.T) {
 		{
 			name: "grown past the KV: the one whose turn ends is paused, waits, and resumes when room appears",
 			run: func(t *testing.T, r *Router) {
-				now := t0
-				for turn := range minRunsOver {
-					for _, k := range []string{"a", "b"} {
-						now = runTurn(t, r, k, 3000+1000*turn, now)
-					}
-				}
+				now := alternate(t, r, minRunsOver, func(turn int) int { return 3000 + 1000*turn }, t0)
 				// a grows to 7k; at the end of b's next turn the engine's
 				// counts say 7.1k + 4.1k on a 10k replica (b's own growth
 				// is counted when its answer's usage arrives, after)
@@ -96,12 +98,7 @@ func TestTimeSlicing(t *testing.T) {
 		{
 			name: "rotation: a paused conversation first in the queue takes the room of one that ran its quantum",
 			run: func(t *testing.T, r *Router) {
-				now := t0
-				for turn := range minRunsOver {
-					for _, k := range []string{"a", "b"} {
-						now = runTurn(t, r, k, 3000+1000*turn, now)
-					}
-				}
+				now := alternate(t, r, minRunsOver, func(turn int) int { return 3000 + 1000*turn }, t0)
 				now = runTurn(t, r, "a", 7000, now)
 				now = runTurn(t, r, "b", 4500, now) // b paused (see above)
 				_, tk := admitTurn(t, r, "b", 4600, now)
@@ -129,12 +126,7 @@ func TestTimeSlicing(t *testing.T) {
 		{
 			name: "the engine reports requests waiting: one of the conversations there is paused, though their sizes fit",
 			run: func(t *testing.T, r *Router) {
-				now := t0
-				for turn := range minRunsOver {
-					for _, k := range []string{"a", "b"} {
-						now = runTurn(t, r, k, 2000+100*turn, now)
-					}
-				}
+				now := alternate(t, r, minRunsOver, func(turn int) int { return 2000 + 100*turn }, t0)
 				r.UpdateLoad("r0", Load{Reachable: true, KVTokens: 10000, Waiting: 2, Running: 1})
 				now = runTurn(t, r, "a", 2200, now)
 				if !isPaused(r, "a") {
@@ -188,12 +180,7 @@ func TestTimeSlicing(t *testing.T) {
 			name: "rotate_turns off: never paused",
 			cfg:  Config{RotateTurns: -1},
 			run: func(t *testing.T, r *Router) {
-				now := t0
-				for turn := range DefaultRotateTurns {
-					for _, k := range []string{"a", "b"} {
-						now = runTurn(t, r, k, 3000+1000*min(turn, 3), now)
-					}
-				}
+				alternate(t, r, DefaultRotateTurns, func(turn int) int { return 3000 + 1000*min(turn, 3) }, t0)
 				if isPaused(r, "a") || isPaused(r, "b") {
 					t.Fatal("a conversation was paused with time-slicing off")
 				}
@@ -203,12 +190,7 @@ func TestTimeSlicing(t *testing.T) {
 			name: "admission off: never paused",
 			cfg:  Config{AdmissionOff: true},
 			run: func(t *testing.T, r *Router) {
-				now := t0
-				for turn := range DefaultRotateTurns {
-					for _, k := range []string{"a", "b"} {
-						now = runTurn(t, r, k, 3000+1000*min(turn, 3), now)
-					}
-				}
+				alternate(t, r, DefaultRotateTurns, func(turn int) int { return 3000 + 1000*min(turn, 3) }, t0)
 				if isPaused(r, "a") || isPaused(r, "b") {
 					t.Fatal("a conversation was paused with admission off")
 				}

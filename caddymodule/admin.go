@@ -339,6 +339,10 @@ type AdmissionRow struct {
 	Paused      int    `json:"paused"`
 	PausedTotal uint64 `json:"paused_total"`
 	QueuedTurns uint64 `json:"queued_turns"`
+	// How long the turns of paused conversations waited to resume, p50 and
+	// p95 of the last 128; null before any.
+	PausedWaitP50S *float64 `json:"paused_wait_p50_s"`
+	PausedWaitP95S *float64 `json:"paused_wait_p95_s"`
 }
 
 func admissionRow(a placement.AdmissionSnapshot) AdmissionRow {
@@ -350,6 +354,10 @@ func admissionRow(a placement.AdmissionSnapshot) AdmissionRow {
 		Refused: a.Refused, Cancelled: a.Cancelled,
 		WorkingSetTokens: a.WorkingSetTokens, CapacityTokens: a.CapacityTokens,
 		RotateTurns: a.RotateTurns, Paused: a.Paused, PausedTotal: a.PausedTotal, QueuedTurns: a.QueuedTurns,
+	}
+	if a.Resumed > 0 {
+		row.PausedWaitP50S = optional(a.PausedWaitP50.Seconds())
+		row.PausedWaitP95S = optional(a.PausedWaitP95.Seconds())
 	}
 	if n := a.AdmittedAfterWait + a.AdmittedAtLimit; n > 0 {
 		row.MeanWaitS = optional(a.WaitedTotal.Seconds() / float64(n))

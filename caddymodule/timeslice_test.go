@@ -50,9 +50,11 @@ func TestTimeSlicingHoldsAPausedTurn(t *testing.T) {
 	if code, b := adminDo(t, testAdminPort, http.MethodDelete, "/lm-warden/models/"+model+"/sessions/B", ""); code != 200 {
 		t.Fatalf("unpinning B: %d %s", code, b)
 	}
+	var wall float64
 	select {
 	case r := <-held:
 		w, err := strconv.ParseFloat(r.header.Get(WaitHeader), 64)
+		wall = w
 		if r.status != 200 || r.reason != "sticky" || err != nil || w < 0.3 {
 			t.Fatalf("A resumed: %d %s, %s %q; want 200 sticky with the wait", r.status, r.reason, WaitHeader, r.header.Get(WaitHeader))
 		}
@@ -62,6 +64,11 @@ func TestTimeSlicingHoldsAPausedTurn(t *testing.T) {
 	c = getCard(t, model)
 	if c.Admission.Paused != 0 || c.Admission.QueuedTurns != 1 || c.Admission.Waiting != 0 {
 		t.Fatalf("after A resumed: paused %d, queued turns %d, waiting %d", c.Admission.Paused, c.Admission.QueuedTurns, c.Admission.Waiting)
+	}
+	// the router measures the wait on its own clock, which moves with
+	// requests and polls: some of the wall's wait, not more
+	if p50 := c.Admission.PausedWaitP50S; p50 == nil || *p50 <= 0 || *p50 > wall+0.05 {
+		t.Fatalf("after A resumed: paused wait p50 %v, want above 0 and at most A's %.3f s", derefOr(p50), wall)
 	}
 	if n := pausedWaits(t) - waitsBefore; n != 1 {
 		t.Fatalf("lm_warden_paused_wait_seconds counted %d waits, want 1", n)
@@ -75,4 +82,11 @@ func pausedWaits(t *testing.T) uint64 {
 		n += m.GetHistogram().GetSampleCount()
 	}
 	return n
+}
+
+func derefOr(p *float64) any {
+	if p == nil {
+		return nil
+	}
+	return *p
 }

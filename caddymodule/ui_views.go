@@ -334,7 +334,11 @@ func uiAdmission(a AdmissionRow) uiVal {
 		t += " · " + humanize.Comma(int64(a.Refused)) + " refused"
 	}
 	if a.Paused > 0 || a.PausedTotal > 0 {
-		t += " · " + humanize.Comma(int64(a.Paused)) + " paused (" + humanize.Comma(int64(a.PausedTotal)) + " pauses, every " + humanize.Comma(int64(a.RotateTurns)) + " turns at most while others wait)"
+		t += " · " + humanize.Comma(int64(a.Paused)) + " paused (" + humanize.Comma(int64(a.PausedTotal)) + " pauses, every " + humanize.Comma(int64(a.RotateTurns)) + " turns at most while others wait"
+		if a.PausedWaitP50S != nil {
+			t += "; waited " + humanize.FtoaWithDigits(*a.PausedWaitP50S, 1) + " s p50, " + humanize.FtoaWithDigits(*a.PausedWaitP95S, 1) + " s p95"
+		}
+		t += ")"
 	}
 	return uiVal{V: a.Waiting, T: t}
 }

@@ -169,6 +169,18 @@ func (rc *recent) quantile() int64 {
 	return rc.q
 }
 
+// at is the q-quantile (0 < q ≤ 1) of the figures kept; 0 before any.
+func (rc *recent) at(q float64) int64 {
+	n := min(rc.n, peakTurns)
+	if n == 0 {
+		return 0
+	}
+	buf := rc.v
+	v := buf[:n]
+	slices.Sort(v)
+	return int64(v[min(n-1, int(q*float64(n)))])
+}
+
 // peak is the peakQuantile of the footprints of the last peakTurns turns
 // the engine measured: what a conversation is expected to hold once it has
 // grown (0 before any turn was measured). Turns late in their conversation
@@ -639,6 +651,7 @@ func (r *Router) admitTicket(t *Ticket, p *replica, now int64, forced bool) {
 		if p != nil {
 			t.dec = r.resume(e, p, now)
 			r.countAdmitted(t, forced)
+			r.pausedWaits.add((now - t.enq) / int64(time.Millisecond))
 			return
 		}
 		r.removeEntry(e)
@@ -788,6 +801,11 @@ type AdmissionSnapshot struct {
 	RotateTurns              int
 	Paused                   int
 	PausedTotal, QueuedTurns uint64
+	// Resumed counts the paused conversations' turns that resumed;
+	// PausedWaitP50 and PausedWaitP95 are how long the last 128 of them
+	// waited (0 before any).
+	Resumed                      uint64
+	PausedWaitP50, PausedWaitP95 time.Duration
 	// The replicas' working sets and KV capacities, summed, and the KV
 	// their engines report in use (EngineKVTokens, -1 when no engine
 	// exports its gauge).
@@ -850,6 +868,9 @@ func (r *Router) admissionSnapshot() AdmissionSnapshot {
 		AdmittedAtLimit: r.admittedAtLimit, Refused: r.refused, Cancelled: r.cancelled,
 		WaitedTotal: time.Duration(r.waitedNanos), Oversized: r.oversized, EngineKVTokens: -1,
 		RotateTurns: r.cfg.RotateTurns, PausedTotal: r.pausedTotal, QueuedTurns: r.queuedTurns,
+		Resumed:       uint64(r.pausedWaits.n),
+		PausedWaitP50: time.Duration(r.pausedWaits.at(0.5)) * time.Millisecond,
+		PausedWaitP95: time.Duration(r.pausedWaits.at(0.95)) * time.Millisecond,
 	}
 	for _, t := range r.queue {
 		a.WaitingTokens += t.est

@@ -385,8 +385,10 @@ type Router struct {
 	queue                                                          []*Ticket
 	lastFirst                                                      int // context of the last first turn measured
 	queued, admittedAfterWait, admittedAtLimit, refused, cancelled uint64
-	// conversations paused at a turn boundary, and their turns queued
+	// conversations paused at a turn boundary, their turns queued, and how
+	// long the last of those waited, in milliseconds (timeslice.go)
 	pausedTotal, queuedTurns uint64
+	pausedWaits              recent
 	oversized                uint64 // placed at once: fitted no replica even empty
 	waitedNanos              uint64
 	turnFP                   recent // footprints of recent turns (peak)

@@ -93,6 +93,11 @@ func TestTimeSlicing(t *testing.T) {
 					t.Fatalf("b resumed: %+v %v; want sticky on r0", d, err)
 				}
 				d.Release()
+				// b's turn waited from its arrival to a's end: a's turn
+				// after it, one second
+				if a := r.Admission(); a.Resumed != 1 || a.PausedWaitP50 != time.Second || a.PausedWaitP95 != time.Second {
+					t.Fatalf("resumed %d, paused waits p50 %v p95 %v; want 1, 1s, 1s", a.Resumed, a.PausedWaitP50, a.PausedWaitP95)
+				}
 			},
 		},
 		{

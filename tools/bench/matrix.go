@@ -25,7 +25,7 @@ var MatrixModes = []string{ModeVLLMDP, ModeOn, ModeDefault}
 // MatrixRegimes returns every traffic shape the bench knows, with the
 // stages where they differ: the reference preset's closed loop, its agents
 // pausing 3 s and 20 s, the interactive-like workload, max_num_seqs 8, the
-// 7-GPU preset and sessions in waves.
+// 7-GPU preset, sessions in waves and the fleet of agents that never stop.
 func MatrixRegimes() []Regime {
 	closed := DefaultSimConfig()
 	closed.Stages = []int{8, 16, 24, 32}
@@ -52,6 +52,11 @@ func MatrixRegimes() []Regime {
 		{Name: "seqs8", Hold: true, Config: seqs},
 		{Name: "7gpu", Hold: true, Config: SevenGPUSimConfig()},
 		{Name: "waves", Hold: true, Config: waves},
+		// agents that never stop need long stages: in the short ones the
+		// matrix test runs (4 minutes) the fleet has not grown yet, and
+		// admission's and time-slicing's start cost output at 16 sessions
+		// (0.87× on's), where over 40 minutes they gain (1.25×)
+		{Name: "fleet", Hold: false, Config: FleetSimConfig()},
 	}
 }
 

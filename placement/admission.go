@@ -152,20 +152,12 @@ func (rc *recent) add(x int64) {
 	rc.q = -1
 }
 
-// quantile is the peakQuantile of the figures kept; 0 before any.
+// quantile is the peakQuantile of the figures kept (kept until the next
+// add); 0 before any.
 func (rc *recent) quantile() int64 {
-	if rc.q >= 0 {
-		return rc.q
+	if rc.q < 0 {
+		rc.q = rc.at(peakQuantile)
 	}
-	n := min(rc.n, peakTurns)
-	if n == 0 {
-		rc.q = 0
-		return 0
-	}
-	buf := rc.v
-	v := buf[:n]
-	slices.Sort(v)
-	rc.q = int64(v[min(n-1, int(peakQuantile*float64(n)))])
 	return rc.q
 }
 
@@ -207,6 +199,13 @@ func (r *Router) resident(en *entry) int64 {
 	return min(w, max(w/minResidentShare, residentGaps*g*int64(time.Millisecond)))
 }
 
+// quiet reports whether the conversation of en, with no turn in flight,
+// no longer counts on its replica at now: paused (timeslice.go), or quiet
+// past its resident time. r.mu held.
+func (r *Router) quiet(en *entry, now int64) bool {
+	return en.flags&flagPaused != 0 || now-en.last > r.resident(en)
+}
+
 // workingSet is p's resident working set at now, in tokens: the footprints
 // of the conversations in flight there and of those whose last turn ended
 // within their resident time, plus the part they share (the system prompt,
@@ -226,7 +225,7 @@ func (r *Router) residentSet(p *replica, now int64) (own, shared int64) {
 		if en.last < horizon {
 			break
 		}
-		if en.busy > 0 || en.flags&flagPaused != 0 || now-en.last > r.resident(en) {
+		if en.busy > 0 || r.quiet(en, now) {
 			continue // in flight (counted in busyFP), paused, or gone quiet
 		}
 		ws += r.projected(en)
@@ -310,8 +309,8 @@ func (r *Router) demand(p *replica, first, est, now int64, size func(*entry) int
 		}
 		if en.busy > 0 {
 			inFlight += r.footprint(en) // what its turn holds now
-		} else if en.flags&flagPaused != 0 || now-en.last > r.resident(en) {
-			continue // paused, or gone quiet
+		} else if r.quiet(en, now) {
+			continue
 		}
 		g := typical
 		if en.flags&flagGap != 0 {
@@ -655,15 +654,10 @@ func (r *Router) admitTicket(t *Ticket, p *replica, now int64, forced bool) {
 			return
 		}
 		r.removeEntry(e)
-	}
-	if e := r.lookup(t.h, now); e != nilIdx {
-		if q := r.reps[r.b.ents[e].rep]; r.usable(q) {
-			r.keyed++
-			t.dec = r.stay(e, q, now, ReasonSticky)
-			r.countAdmitted(t, forced)
-			return
-		}
-		r.removeEntry(e)
+	} else if d, ok := r.follow(e, now); ok {
+		t.dec = d
+		r.countAdmitted(t, forced)
+		return
 	}
 	if p == nil {
 		p = r.lenientPick(func() *replica { return r.best(now, nil, false) })
@@ -677,6 +671,22 @@ func (r *Router) admitTicket(t *Ticket, p *replica, now int64, forced bool) {
 	p.placed++
 	t.dec = r.take(p, ReasonPlaced, e)
 	r.countAdmitted(t, forced)
+}
+
+// follow routes a request of the conversation of entry e (nilIdx: none)
+// that a waiting request of it got bound meanwhile: sticky to its replica
+// when usable; otherwise the binding is dropped and ok is false. r.mu
+// held.
+func (r *Router) follow(e int32, now int64) (d Decision, ok bool) {
+	if e == nilIdx {
+		return Decision{}, false
+	}
+	if q := r.reps[r.b.ents[e].rep]; r.usable(q) {
+		r.keyed++
+		return r.stay(e, q, now, ReasonSticky), true
+	}
+	r.removeEntry(e)
+	return Decision{}, false
 }
 
 func (r *Router) countAdmitted(t *Ticket, forced bool) {
@@ -708,19 +718,18 @@ func (r *Router) admitQueued(now int64) int {
 			n++
 			continue
 		}
-		if e := r.lookup(t.h, now); e != nilIdx && r.b.ents[e].flags&flagPaused != 0 {
-			p := r.resumeTarget(e, now)
-			if p == nil {
-				break
+		if e := r.lookup(t.h, now); e != nilIdx {
+			var p *replica // a bound conversation follows its binding
+			if r.b.ents[e].flags&flagPaused != 0 {
+				if p = r.resumeTarget(e, now); p == nil {
+					break
+				}
 			}
-			r.admitTicket(t, p, now, false)
-			n++
-			continue
-		}
-		if e := r.lookup(t.h, now); e != nilIdx && r.usable(r.reps[r.b.ents[e].rep]) {
-			r.admitTicket(t, nil, now, false)
-			n++
-			continue
+			if p != nil || r.usable(r.reps[r.b.ents[e].rep]) {
+				r.admitTicket(t, p, now, false)
+				n++
+				continue
+			}
 		}
 		if r.oversize(t.est) {
 			r.oversized++

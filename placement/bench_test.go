@@ -171,7 +171,9 @@ func admitLoaded(n, perReplica int) (*Router, []string) {
 	r := newTestRouter(n, Config{MaxNumSeqs: 1 << 20})
 	rng := rand.New(rand.NewPCG(3, 4))
 	for _, id := range ids(n) {
-		r.UpdateLoad(id, Load{Running: rng.IntN(8), Waiting: rng.IntN(2), KVUsage: rng.Float64(), Reachable: true, KVTokens: 1 << 20})
+		// nothing waits in the engines: a queue there would pause the
+		// conversations (time-slicing) and the sticky turns would wait
+		r.UpdateLoad(id, Load{Running: rng.IntN(8), KVUsage: rng.Float64(), Reachable: true, KVTokens: 1 << 20})
 	}
 	keys := sessionKeys(n * perReplica)
 	for _, k := range keys {

@@ -305,6 +305,10 @@ type replica struct {
 	polled bool  // a poll has reached it
 	full   bool  // reached the high-water mark and not yet below the low-water mark
 	busyFP int64 // footprints of the conversations' turns in flight here (admission)
+	// time-slicing's last demand by actual sizes here and when it was
+	// computed (0: to be computed; timeslice.go, actualLoad)
+	demandAt   int64
+	demandLoad float64
 	// base is what the last new conversation placed here found cached on
 	// its first turn: the part conversations share here (the system
 	// prompt), held once (admission)
@@ -716,8 +720,8 @@ func (r *Router) route(req Request, queue bool) (Decision, *Ticket, error) {
 			if req.Unread {
 				return Decision{}, nil, ErrUnread
 			}
-			if d, t, ok := r.queueTurn(req, e, h, now); ok {
-				return d, t, nil
+			if t := r.queueTurn(req, e, h, now); t != nil {
+				return Decision{}, t, nil
 			}
 		}
 		r.b.ents[e].flags &^= flagPaused
@@ -821,14 +825,10 @@ func (r *Router) placeNew(req Request, h, parent uint64, now int64, queue bool) 
 		// earlier arrivals go first: this one waits behind them unless
 		// room lets them all in now
 		r.admitQueued(now)
-		if e := r.lookup(h, now); e != nilIdx {
-			// an earlier request of this conversation waited and was
-			// admitted just now: this one follows it
-			if q := r.reps[r.b.ents[e].rep]; r.usable(q) {
-				r.keyed++
-				return r.stay(e, q, now, ReasonSticky), nil, nil
-			}
-			r.removeEntry(e)
+		// an earlier request of this conversation waited and was
+		// admitted just now: this one follows it
+		if d, ok := r.follow(r.lookup(h, now), now); ok {
+			return d, nil, nil
 		}
 		if len(r.queue) > 0 {
 			return r.queueNew(req, h, est, now)

@@ -1,5 +1,7 @@
 package placement
 
+import "time"
+
 // Turn-boundary time-slicing (rule 6b): when conversations wait for room,
 // a conversation that has run its quantum of turns since it was admitted
 // is paused at the end of a turn: it leaves its replica's working set, and
@@ -15,6 +17,12 @@ const (
 	// DefaultRotateTurns is the quantum: the turns a conversation runs
 	// after it was admitted before it may be paused for one that waits.
 	DefaultRotateTurns = 8
+	// demandEvery: how long, on the Router's clock, a replica's demand by
+	// actual sizes is taken as it was last computed to rule a pause out,
+	// so that the end of every turn does not walk the replica's
+	// conversations; a pause itself is decided on the demand now, and a
+	// pause, a resume or a new conversation there computes it anew.
+	demandEvery = 100 * time.Millisecond
 	// minRunsOver: the fewest turns a conversation runs after it was
 	// admitted before it may be paused because its replica is over its
 	// KV: it paid a prefill to come in, and its next turn finds it cached.
@@ -36,17 +44,24 @@ func (r *Router) maybePause(e int32, now int64) {
 	if len(r.queue) == 0 || !r.queue[0].paused || int(en.runs) < r.cfg.RotateTurns {
 		p := r.reps[en.rep]
 		c := r.capacity(p)
-		_, load := r.demand(p, 0, 0, now, r.footprint)
-		over := c > 0 && load > r.cfg.HighWater*float64(c)
+		if c <= 0 {
+			return
+		}
 		// the engine confirms: requests wait in it for KV while others
 		// stay
 		queued := r.kvQueued(p) && r.othersResident(e, p, now)
-		if !over && !queued {
+		if !queued && r.actualLoad(p, now, false) <= r.cfg.HighWater*float64(c) {
+			return
+		}
+		// a pause is decided on the demand now, not on one computed
+		// before conversations went quiet
+		if !queued && r.actualLoad(p, now, true) <= r.cfg.HighWater*float64(c) {
 			return
 		}
 	}
 	en.flags |= flagPaused
 	en.runs = 0
+	r.reps[en.rep].demandAt = 0
 	r.pausedTotal++
 	if len(r.queue) > 0 {
 		r.admitQueued(now)
@@ -55,17 +70,16 @@ func (r *Router) maybePause(e int32, now int64) {
 
 // queueTurn queues the turn of the paused conversation of entry e: it
 // waits for room as a new conversation does. With the queue full it is
-// not refused (its conversation was admitted once): it runs on its
-// replica. r.mu held.
-func (r *Router) queueTurn(req Request, e int32, h uint64, now int64) (Decision, *Ticket, bool) {
+// not refused (its conversation was admitted once): it returns nil and
+// the turn runs on its replica. r.mu held.
+func (r *Router) queueTurn(req Request, e int32, h uint64, now int64) *Ticket {
 	if len(r.queue) >= r.cfg.AdmitQueue {
-		r.b.ents[e].flags &^= flagPaused
-		return Decision{}, nil, false
+		return nil
 	}
 	t := &Ticket{r: r, h: h, start: req.Start, est: r.footprint(&r.b.ents[e]), enq: now, paused: true, ready: make(chan struct{})}
 	r.queue = append(r.queue, t)
 	r.queuedTurns++
-	return Decision{}, t, true
+	return t
 }
 
 // resumeTarget is where the paused conversation of entry e resumes: its
@@ -101,11 +115,23 @@ func (r *Router) resumeTarget(e int32, now int64) *replica {
 	return best
 }
 
+// actualLoad is p's demand by its conversations' actual sizes (see
+// demand), as computed within the last demandEvery unless fresh. r.mu
+// held.
+func (r *Router) actualLoad(p *replica, now int64, fresh bool) float64 {
+	if fresh || p.demandAt == 0 || now-p.demandAt >= int64(demandEvery) || now < p.demandAt {
+		_, p.demandLoad = r.demand(p, 0, 0, now, r.footprint)
+		p.demandAt = now
+	}
+	return p.demandLoad
+}
+
 // resume admits the paused conversation of entry e on p at now. r.mu held.
 func (r *Router) resume(e int32, p *replica, now int64) Decision {
 	en := &r.b.ents[e]
 	en.flags &^= flagPaused
 	en.runs = 0
+	p.demandAt = 0 // it counts there again
 	r.keyed++
 	if en.rep == p.idx {
 		return r.stay(e, p, now, ReasonSticky)
@@ -124,7 +150,7 @@ func (r *Router) othersResident(e int32, p *replica, now int64) bool {
 		if en.last < horizon {
 			break
 		}
-		if o != e && (en.busy > 0 || (en.flags&flagPaused == 0 && now-en.last <= r.resident(en))) {
+		if o != e && (en.busy > 0 || !r.quiet(en, now)) {
 			return true
 		}
 	}

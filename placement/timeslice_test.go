@@ -132,12 +132,12 @@ func TestTimeSlicing(t *testing.T) {
 			name: "the engine reports requests waiting: one of the conversations there is paused, though their sizes fit",
 			run: func(t *testing.T, r *Router) {
 				now := alternate(t, r, minRunsOver, func(turn int) int { return 2000 + 100*turn }, t0)
-				r.UpdateLoad("r0", Load{Reachable: true, KVTokens: 10000, Waiting: 2, Running: 1})
+				r.UpdateLoad("r0", Load{Reachable: true, KVTokens: 10000, Waiting: 2, Running: 1, KVUsage: 0.9})
 				now = runTurn(t, r, "a", 2200, now)
 				if !isPaused(r, "a") {
 					t.Fatal("a not paused with the engine's queue holding requests")
 				}
-				r.UpdateLoad("r0", Load{Reachable: true, KVTokens: 10000, Waiting: 2, Running: 1})
+				r.UpdateLoad("r0", Load{Reachable: true, KVTokens: 10000, Waiting: 2, Running: 1, KVUsage: 0.9})
 				runTurn(t, r, "b", 2200, now)
 				if isPaused(r, "b") {
 					t.Fatal("b paused though it is the only conversation left there")
@@ -151,7 +151,7 @@ func TestTimeSlicing(t *testing.T) {
 				now := t0
 				for turn := range minRunsOver + 2 {
 					for _, k := range []string{"a", "b"} {
-						r.UpdateLoad("r0", Load{Reachable: true, KVTokens: 10000, Waiting: 2, Running: 4})
+						r.UpdateLoad("r0", Load{Reachable: true, KVTokens: 10000, Waiting: 2, Running: 4, KVUsage: 0.9})
 						now = runTurn(t, r, k, 2000+100*turn, now)
 					}
 				}

@@ -176,7 +176,7 @@ func Sim(cfg SimConfig) (*Report, error) {
 	// would otherwise start the next mode's stage, so a mode's figures
 	// would change with the modes listed before it (and with every change
 	// to how those route).
-	rep := &Report{Kind: "sim", Speed: 0, Workload: cfg.Workload}
+	rep := simReport(cfg)
 	byMode := make([][]Stage, len(cfg.Modes))
 	for i, m := range cfg.Modes {
 		one := cfg
@@ -197,6 +197,9 @@ func Sim(cfg SimConfig) (*Report, error) {
 	}
 	return rep, nil
 }
+
+// simReport is the empty report of a simulated sweep of cfg.
+func simReport(cfg SimConfig) *Report { return &Report{Kind: "sim", Workload: cfg.Workload} }
 
 // simulate runs cfg's stages, and in each every mode in turn, on one set of
 // replicas.
@@ -238,7 +241,7 @@ func simulate(cfg SimConfig) (*Report, error) {
 	}
 	s.poll()
 
-	rep := &Report{Kind: "sim", Speed: 0, Workload: cfg.Workload}
+	rep := simReport(cfg)
 	for _, n := range cfg.Stages {
 		for _, m := range cfg.Modes {
 			st, err := s.stage(m, n)

@@ -56,6 +56,32 @@ var ErrQueueFull = errors.New("placement: admission queue is full")
 // whose request says its body has not arrived in full (Request.Unread).
 var ErrUnread = errors.New("placement: the request's body is not read yet")
 
+// admission is working-set admission and time-slicing (timeslice.go): the
+// queue of conversations waiting for room, what it learned of turns and
+// pauses, and its counters. The router asks it through its methods; it
+// reads the replicas and bindings of the fleet it shares with the router,
+// and acts on the router (binding a waiting conversation, a sticky turn)
+// only through do.
+type admission struct {
+	*fleet
+	do placer
+
+	on        bool // in force
+	queue     []*Ticket
+	lastFirst int // context of the last first turn measured
+
+	queued, admittedAfterWait, admittedAtLimit, refused, cancelled uint64
+	oversized                                                      uint64 // placed at once: fitted no replica even empty
+	waitedNanos                                                    uint64
+	// conversations paused at a turn boundary, their turns queued, and how
+	// long the last of those waited, in milliseconds (timeslice.go)
+	pausedTotal, queuedTurns uint64
+	pausedWaits              recent
+
+	turnFP recent // footprints of recent turns (peak)
+	gaps   recent // recent pauses between turns, in milliseconds
+}
+
 const (
 	// flagIdle: the conversation's last turn has ended (its entry's last is
 	// then that end), so its next turn measures a pause.
@@ -71,21 +97,21 @@ const (
 // and why not: in force while every replica polled so far exported its KV
 // capacity (or kv_tokens gives it), and at least one did. A replica not
 // polled yet (just added) is not chosen for new conversations until its
-// capacity is known. r.mu held.
-func (r *Router) admissionReason() (active bool, why string) {
+// capacity is known. a.mu held.
+func (a *admission) admissionReason() (active bool, why string) {
 	switch {
-	case r.cfg.AdmissionOff:
+	case a.cfg.AdmissionOff:
 		return false, "admission is off"
-	case r.cfg.AffinityOff:
+	case a.cfg.AffinityOff:
 		return false, "affinity is off"
-	case len(r.order) == 0:
+	case len(a.order) == 0:
 		return false, "no replicas"
 	}
 	known := 0
-	for _, i := range r.order {
-		p := r.reps[i]
+	for _, i := range a.order {
+		p := a.reps[i]
 		switch {
-		case r.capacity(p) > 0:
+		case a.capacity(p) > 0:
 			known++
 		case p.polled:
 			return false, fmt.Sprintf("the KV capacity of replica %s is unknown (it exports no vllm:cache_config_info); set kv_tokens", p.id)
@@ -97,45 +123,23 @@ func (r *Router) admissionReason() (active bool, why string) {
 	return true, ""
 }
 
-// refreshAdmission recomputes whether admission is in force; when it no
-// longer is, every waiting conversation is admitted at once. r.mu held.
-func (r *Router) refreshAdmission() {
-	r.admit, _ = r.admissionReason()
-	if !r.admit && len(r.queue) > 0 {
-		for len(r.queue) > 0 {
-			r.admitTicket(r.queue[0], nil, r.clock, false)
+// reconsider recomputes whether admission is in force; when it no
+// longer is, every waiting conversation is admitted at once. a.mu held.
+func (a *admission) reconsider() {
+	a.on, _ = a.admissionReason()
+	if !a.on && len(a.queue) > 0 {
+		for len(a.queue) > 0 {
+			a.admitTicket(a.queue[0], nil, a.clock, false)
 		}
 	}
-}
-
-// capacity is p's KV cache in tokens, 0 when unknown. r.mu held.
-func (r *Router) capacity(p *replica) int64 {
-	if r.cfg.KVTokens > 0 {
-		return int64(r.cfg.KVTokens)
-	}
-	return int64(p.kvCap)
-}
-
-// footprint is the part of the conversation's context its replica holds
-// for it alone: its context minus what it shares with the replica's other
-// conversations, which is what it found cached when it arrived or, when
-// more, what new conversations find cached there (the common system
-// prompt: a conversation that arrived on a cold replica put it there and
-// shares it as much as those after it). r.mu held.
-func (r *Router) footprint(en *entry) int64 {
-	shared := en.shared
-	if p := r.reps[en.rep]; p != nil {
-		shared = max(shared, p.base)
-	}
-	return int64(en.ctx - min(shared, en.ctx))
 }
 
 // projected is what the conversation of en is counted with: its footprint,
 // or what conversations grow to (peak), whichever is larger. Counting
 // conversations at what they grow to keeps a replica from taking new ones
 // while those it holds are young, only to run out of KV as they grow.
-func (r *Router) projected(en *entry) int64 {
-	return max(r.footprint(en), r.peak())
+func (a *admission) projected(en *entry) int64 {
+	return max(a.footprint(en), a.peak())
 }
 
 // recent keeps the last peakTurns figures of a kind (turn footprints,
@@ -177,22 +181,22 @@ func (rc *recent) at(q float64) int64 {
 // the engine measured: what a conversation is expected to hold once it has
 // grown (0 before any turn was measured). Turns late in their conversation
 // hold more, so a high quantile approximates the size conversations reach.
-// r.mu held.
-func (r *Router) peak() int64 { return r.turnFP.quantile() }
+// a.mu held.
+func (a *admission) peak() int64 { return a.turnFP.quantile() }
 
 // resident is how long after its last turn ended the conversation still
 // counts in its replica's working set: twice its longest pause between
 // turns, or, before it paused, twice what conversations pause (the 90th
 // percentile of recent pauses), at least AdmitWindow/minResidentShare and
-// at most AdmitWindow; AdmitWindow before any pause was seen. r.mu held.
-func (r *Router) resident(en *entry) int64 {
-	w := int64(r.cfg.AdmitWindow)
+// at most AdmitWindow; AdmitWindow before any pause was seen. a.mu held.
+func (a *admission) resident(en *entry) int64 {
+	w := int64(a.cfg.AdmitWindow)
 	var g int64
 	switch {
 	case en.flags&flagGap != 0:
 		g = int64(en.gap)
-	case r.gaps.n > 0:
-		g = r.gaps.quantile() // what conversations pause
+	case a.gaps.n > 0:
+		g = a.gaps.quantile() // what conversations pause
 	default:
 		return w
 	}
@@ -201,34 +205,34 @@ func (r *Router) resident(en *entry) int64 {
 
 // quiet reports whether the conversation of en, with no turn in flight,
 // no longer counts on its replica at now: paused (timeslice.go), or quiet
-// past its resident time. r.mu held.
-func (r *Router) quiet(en *entry, now int64) bool {
-	return en.flags&flagPaused != 0 || now-en.last > r.resident(en)
+// past its resident time. a.mu held.
+func (a *admission) quiet(en *entry, now int64) bool {
+	return en.flags&flagPaused != 0 || now-en.last > a.resident(en)
 }
 
 // workingSet is p's resident working set at now, in tokens: the footprints
 // of the conversations in flight there and of those whose last turn ended
 // within their resident time, plus the part they share (the system prompt,
-// held once). r.mu held.
-func (r *Router) workingSet(p *replica, now int64) int64 {
-	ws, base := r.residentSet(p, now)
+// held once). a.mu held.
+func (a *admission) workingSet(p *replica, now int64) int64 {
+	ws, base := a.residentSet(p, now)
 	return ws + base
 }
 
 // residentSet is workingSet as the conversations' own parts and the shared
-// part apart. r.mu held.
-func (r *Router) residentSet(p *replica, now int64) (own, shared int64) {
+// part apart. a.mu held.
+func (a *admission) residentSet(p *replica, now int64) (own, shared int64) {
 	ws := p.busyFP
-	horizon := now - int64(r.cfg.AdmitWindow)
-	for e := p.head; e != nilIdx; e = r.b.ents[e].rnext {
-		en := &r.b.ents[e]
+	horizon := now - int64(a.cfg.AdmitWindow)
+	for e := p.head; e != nilIdx; e = a.b.ents[e].rnext {
+		en := &a.b.ents[e]
 		if en.last < horizon {
 			break
 		}
-		if en.busy > 0 || r.quiet(en, now) {
+		if en.busy > 0 || a.quiet(en, now) {
 			continue // in flight (counted in busyFP), paused, or gone quiet
 		}
-		ws += r.projected(en)
+		ws += a.projected(en)
 	}
 	if ws == 0 {
 		return 0, 0
@@ -241,20 +245,20 @@ func (r *Router) residentSet(p *replica, now int64) (own, shared int64) {
 // idle), or its KV holds what its conversations and the new one need at
 // the same time (see absorbs). The part p already shares among its
 // conversations (the system prompt) is assumed shared by the new one too,
-// up to half of est. It updates p's full state for the card. r.mu held.
-func (r *Router) fits(p *replica, est int64, now int64) bool {
-	c := r.capacity(p)
+// up to half of est. It updates p's full state for the card. a.mu held.
+func (a *admission) fits(p *replica, est int64, now int64) bool {
+	c := a.capacity(p)
 	if c <= 0 {
 		return false // not polled yet: its room is not known
 	}
-	own, base := r.residentSet(p, now)
+	own, base := a.residentSet(p, now)
 	ws := own + base
 	first := est - min(base, est/2)
-	est = max(first, r.peak())
-	high := r.markFull(p, ws, c)
+	est = max(first, a.peak())
+	high := a.markFull(p, ws, c)
 	// everything counted whole fits: so it does at any share (absorbs
 	// would say so, at the cost of another walk of the resident set)
-	return ws == 0 || ws+est <= high || r.idle(p, now) || r.absorbs(p, first, est, now, high)
+	return ws == 0 || ws+est <= high || a.idle(p, now) || a.absorbs(p, first, est, now, high)
 }
 
 // absorbs reports whether p's KV holds what its conversations need at the
@@ -277,9 +281,9 @@ func (r *Router) fits(p *replica, est int64, now int64) bool {
 // overloaded engine, which lengthens every turn) counted nearly whole:
 // there the average alone admitted one too many and cost a sixth of the
 // output (sim --preset 7gpu, 26 sessions). Without pauses every share is 1
-// and this is the working-set rule itself. r.mu held.
-func (r *Router) absorbs(p *replica, first, est, now, high int64) bool {
-	inFlight, load := r.demand(p, first, est, now, r.projected)
+// and this is the working-set rule itself. a.mu held.
+func (a *admission) absorbs(p *replica, first, est, now, high int64) bool {
+	inFlight, load := a.demand(p, first, est, now, a.projected)
 	return inFlight <= high && load <= float64(high)
 }
 
@@ -289,27 +293,27 @@ func (r *Router) absorbs(p *replica, first, est, now, high int64) bool {
 // first request, and the sizes (by size) of all resident conversations
 // and the new one at their shares of the time in flight plus one standard
 // deviation, at most all of them whole. Paused conversations and those
-// gone quiet do not count. r.mu held.
-func (r *Router) demand(p *replica, first, est, now int64, size func(*entry) int64) (inFlight int64, load float64) {
+// gone quiet do not count. a.mu held.
+func (a *admission) demand(p *replica, first, est, now int64, size func(*entry) int64) (inFlight int64, load float64) {
 	turn := p.cost.turn
 	if turn <= 0 {
 		turn = DefaultTurnTime.Seconds()
 	}
-	typical := float64(r.gaps.quantile()) / 1e3
+	typical := float64(a.gaps.quantile()) / 1e3
 	inFlight = int64(p.base) + first
 	sn := turn / (turn + typical)
 	avg := float64(p.base) + float64(est)*sn
 	whole := float64(p.base) + float64(est)
 	vr := float64(est) * float64(est) * sn * (1 - sn) // the variance
-	horizon := now - int64(r.cfg.AdmitWindow)
-	for e := p.head; e != nilIdx; e = r.b.ents[e].rnext {
-		en := &r.b.ents[e]
+	horizon := now - int64(a.cfg.AdmitWindow)
+	for e := p.head; e != nilIdx; e = a.b.ents[e].rnext {
+		en := &a.b.ents[e]
 		if en.last < horizon {
 			break
 		}
 		if en.busy > 0 {
-			inFlight += r.footprint(en) // what its turn holds now
-		} else if r.quiet(en, now) {
+			inFlight += a.footprint(en) // what its turn holds now
+		} else if a.quiet(en, now) {
 			continue
 		}
 		g := typical
@@ -334,18 +338,18 @@ func (r *Router) demand(p *replica, first, est, now int64, size func(*entry) int
 // happen, while a conversation held back from an idle replica loses its
 // compute time for certain. A figure the engine does not export vetoes
 // nothing. The router's in-flight count covers the poll's lag: once a
-// conversation was placed there, the replica is no longer idle. r.mu held.
-func (r *Router) idle(p *replica, now int64) bool {
+// conversation was placed there, the replica is no longer idle. a.mu held.
+func (a *admission) idle(p *replica, now int64) bool {
 	if p.inflight.Load() != 0 || p.busy >= idleBusy {
 		return false
 	}
 	if p.waitingKnown() && p.waiting() > 0 {
 		return false
 	}
-	return !p.kvKnown() || p.kv() < r.cfg.HighWater
+	return !p.kvKnown() || p.kv() < a.cfg.HighWater
 }
 
-// sampleBusy updates p's busy share at a poll. r.mu held.
+// sampleBusy updates p's busy share at a poll. a.mu held.
 func (p *replica) sampleBusy() {
 	var b float64
 	if p.inflight.Load() > 0 {
@@ -361,17 +365,17 @@ func (p *replica) sampleBusy() {
 // usable replica even with nothing else resident: over the high-water
 // mark of every replica's capacity. It is placed at once on the emptiest
 // replica (see emptiest) rather than waiting for room that cannot appear.
-// r.mu held.
-func (r *Router) oversize(est int64) bool {
+// a.mu held.
+func (a *admission) oversize(est int64) bool {
 	found := false
-	for _, i := range r.order {
-		p := r.reps[i]
-		if !r.usable(p) {
+	for _, i := range a.order {
+		p := a.reps[i]
+		if !a.do.usable(p) {
 			continue
 		}
 		found = true
-		c := r.capacity(p)
-		if c <= 0 || est-min(int64(p.base), est/2) <= int64(r.cfg.HighWater*float64(c)) {
+		c := a.capacity(p)
+		if c <= 0 || est-min(int64(p.base), est/2) <= int64(a.cfg.HighWater*float64(c)) {
 			return false
 		}
 	}
@@ -380,18 +384,18 @@ func (r *Router) oversize(est int64) bool {
 
 // emptiest returns the usable replica with the least KV in use, by the
 // engine's gauge where known, else by the working set, ties to the best
-// score; nil when none is usable. r.mu held.
-func (r *Router) emptiest(now int64) *replica {
+// score; nil when none is usable. a.mu held.
+func (a *admission) emptiest(now int64) *replica {
 	var best *replica
 	var bUsed int64
-	for _, i := range r.order {
-		p := r.reps[i]
-		if !r.usable(p) {
+	for _, i := range a.order {
+		p := a.reps[i]
+		if !a.do.usable(p) {
 			continue
 		}
-		used := r.workingSet(p, now)
+		used := a.workingSet(p, now)
 		if p.kvKnown() {
-			used = int64(p.kv() * float64(r.capacity(p)))
+			used = int64(p.kv() * float64(a.capacity(p)))
 		}
 		if best == nil || used < bUsed {
 			best, bUsed = p, used
@@ -400,18 +404,8 @@ func (r *Router) emptiest(now int64) *replica {
 	return best
 }
 
-// engineKV is the KV p's engine reports in use, in tokens: its gauge times
-// its capacity; -1 when either is unknown. r.mu held.
-func (r *Router) engineKV(p *replica) int64 {
-	c := r.capacity(p)
-	if c <= 0 || !p.kvKnown() {
-		return -1
-	}
-	return int64(p.kv() * float64(c))
-}
-
 // hit records the share of its predicted cached prefix a returning turn
-// on p found. r.mu held.
+// on p found. a.mu held.
 func (p *replica) hit(share float64) {
 	if p.hitsN == 0 {
 		p.hits = share
@@ -422,10 +416,10 @@ func (p *replica) hit(share float64) {
 }
 
 // markFull updates p's hysteresis state (full) for its working set ws of
-// capacity c and returns the high-water mark in tokens. r.mu held.
-func (r *Router) markFull(p *replica, ws, c int64) (high int64) {
-	high = int64(r.cfg.HighWater * float64(c))
-	low := int64((r.cfg.HighWater - AdmitHysteresis) * float64(c))
+// capacity c and returns the high-water mark in tokens. a.mu held.
+func (a *admission) markFull(p *replica, ws, c int64) (high int64) {
+	high = int64(a.cfg.HighWater * float64(c))
+	low := int64((a.cfg.HighWater - AdmitHysteresis) * float64(c))
 	switch {
 	case ws >= high:
 		p.full = true
@@ -437,22 +431,22 @@ func (r *Router) markFull(p *replica, ws, c int64) (high int64) {
 
 // estimate is the context assumed for a new conversation whose request
 // says tokens (0 = unknown: the last first turn the engine measured).
-func (r *Router) estimate(tokens int) int64 {
+func (a *admission) estimate(tokens int) int64 {
 	if tokens > 0 {
 		return int64(tokens)
 	}
-	return int64(r.lastFirst)
+	return int64(a.lastFirst)
 }
 
 // arrive notes a turn of the bound conversation e arriving at now: the
 // pause since its previous turn ended, and a larger estimate of its
-// context while the engine has not measured it. r.mu held.
-func (r *Router) arrive(e int32, tokens int, now int64) {
-	en := &r.b.ents[e]
+// context while the engine has not measured it. a.mu held.
+func (a *admission) arrive(e int32, tokens int, now int64) {
+	en := &a.b.ents[e]
 	if en.flags&flagIdle != 0 {
 		en.flags &^= flagIdle
 		g := uint32(max(min((now-en.last)/int64(time.Millisecond), 1<<32-1), 0))
-		r.gaps.add(int64(g))
+		a.gaps.add(int64(g))
 		if en.flags&flagGap == 0 || g > en.gap {
 			en.gap = g
 			en.flags |= flagGap
@@ -466,34 +460,26 @@ func (r *Router) arrive(e int32, tokens int, now int64) {
 // hold counts the turn routed to p as in flight for the working set of
 // the conversation of entry e. It does whether admission is on or off, so
 // the working set means the same in both and admission switched on starts
-// from what was learned. r.mu held.
-func (r *Router) hold(p *replica, e int32, s *slot) {
+// from what was learned. a.mu held.
+func (a *admission) hold(p *replica, e int32, s *slot) {
 	s.ent = nilIdx
 	if e == nilIdx {
 		return
 	}
-	en := &r.b.ents[e]
-	fp := r.projected(en)
+	en := &a.b.ents[e]
+	fp := a.projected(en)
 	en.busy++
 	p.busyFP += fp
 	s.ent, s.hash, s.fp = e, en.hash, fp
 }
 
-// released ends a held turn (see hold) at now (0 = the latest time seen):
-// the conversation's last turn ended then, and room may have appeared for
-// a waiting one.
-func (r *Router) released(s *slot, now int64) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if now > 0 {
-		now = r.advance(now)
-	} else {
-		now = r.clock
-	}
+// ended ends a held turn (see hold) at now: the conversation's last turn
+// ended then, and room may have appeared for a waiting one. a.mu held.
+func (a *admission) ended(s *slot, now int64) {
 	s.rep.busyFP -= s.fp
 	ended := nilIdx
-	if int(s.ent) < len(r.b.ents) {
-		en := &r.b.ents[s.ent]
+	if int(s.ent) < len(a.b.ents) {
+		en := &a.b.ents[s.ent]
 		if en.hash == s.hash && en.busy > 0 {
 			en.busy--
 			if en.busy == 0 {
@@ -503,25 +489,25 @@ func (r *Router) released(s *slot, now int64) {
 				}
 				// the pause is measured from the turn's end, with
 				// admission on or off
-				r.refresh(s.ent, now)
+				a.refresh(s.ent, now)
 				ended = s.ent
 			}
 		}
 	}
 	s.ent = nilIdx
-	if len(r.queue) > 0 {
-		r.admitQueued(now)
+	if len(a.queue) > 0 {
+		a.admitQueued(now)
 	}
 	if ended != nilIdx {
-		r.maybePause(ended, now)
+		a.maybePause(ended, now)
 	}
 }
 
 // refresh marks entry e used at now (when later than its last use) without
 // touching its flags.
-func (r *Router) refresh(e int32, now int64) {
-	if now > r.b.ents[e].last {
-		r.toFront(e, now)
+func (a *admission) refresh(e int32, now int64) {
+	if now > a.b.ents[e].last {
+		a.do.touched(e, now)
 	}
 }
 
@@ -530,7 +516,7 @@ func (r *Router) refresh(e int32, now int64) {
 // Decision; or Cancel it when the client goes away, and Force it when it
 // has waited long enough.
 type Ticket struct {
-	r       *Router
+	a       *admission
 	h       uint64
 	start   uint64
 	est     int64
@@ -561,19 +547,19 @@ func (t *Ticket) Ready() <-chan struct{} { return t.ready }
 // Decision returns the admitted request's decision, or ErrNoReplica. Call
 // it after Ready is closed; the caller owns the Decision (Release it).
 func (t *Ticket) Decision() (Decision, error) {
-	t.r.mu.Lock()
-	defer t.r.mu.Unlock()
+	t.a.mu.Lock()
+	defer t.a.mu.Unlock()
 	return t.dec, t.err
 }
 
 // Waited returns how long the ticket waited: until its admission, or until
 // now (the Router's latest time) while it waits.
 func (t *Ticket) Waited() time.Duration {
-	t.r.mu.Lock()
-	defer t.r.mu.Unlock()
+	t.a.mu.Lock()
+	defer t.a.mu.Unlock()
 	end := t.at
 	if t.state != ticketAdmitted {
-		end = t.r.clock
+		end = t.a.clock
 	}
 	return time.Duration(max(end-t.enq, 0))
 }
@@ -581,8 +567,8 @@ func (t *Ticket) Waited() time.Duration {
 // Forced reports whether the ticket was admitted because it had waited
 // AdmitWait (or was forced), rather than because room appeared.
 func (t *Ticket) Forced() bool {
-	t.r.mu.Lock()
-	defer t.r.mu.Unlock()
+	t.a.mu.Lock()
+	defer t.a.mu.Unlock()
 	return t.forced
 }
 
@@ -590,18 +576,18 @@ func (t *Ticket) Forced() bool {
 // and reports true. When the ticket was admitted already it reports false:
 // the caller then owns the Decision and must Release it.
 func (t *Ticket) Cancel() bool {
-	r := t.r
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	a := t.a
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	if t.state != ticketWaiting {
 		return false
 	}
 	t.state = ticketCancelled
-	r.unqueue(t)
-	r.cancelled++
+	a.unqueue(t)
+	a.cancelled++
 	// a cancelled head may have been holding back the ones behind it
-	if len(r.queue) > 0 {
-		r.admitQueued(r.clock)
+	if len(a.queue) > 0 {
+		a.admitQueued(a.clock)
 	}
 	return true
 }
@@ -610,175 +596,168 @@ func (t *Ticket) Cancel() bool {
 // conversation fits there or not (it has waited AdmitWait). now zero means
 // time.Now(). It does nothing to a ticket no longer waiting.
 func (t *Ticket) Force(now time.Time) {
-	r := t.r
+	a := t.a
 	n := unixNanos(now)
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	if t.state != ticketWaiting {
 		return
 	}
-	r.admitTicket(t, nil, r.advance(n), true)
+	a.admitTicket(t, nil, a.advance(n), true)
 }
 
 // Deadline is when the ticket reaches AdmitWait (as configured now).
 func (t *Ticket) Deadline() time.Time {
-	t.r.mu.Lock()
-	defer t.r.mu.Unlock()
-	return time.Unix(0, t.enq+int64(t.r.cfg.AdmitWait))
+	t.a.mu.Lock()
+	defer t.a.mu.Unlock()
+	return time.Unix(0, t.enq+int64(t.a.cfg.AdmitWait))
 }
 
-func (r *Router) unqueue(t *Ticket) {
-	if i := slices.Index(r.queue, t); i >= 0 {
-		r.queue = slices.Delete(r.queue, i, i+1)
+func (a *admission) unqueue(t *Ticket) {
+	if i := slices.Index(a.queue, t); i >= 0 {
+		a.queue = slices.Delete(a.queue, i, i+1)
 	}
 }
 
 // admitTicket admits t on p, or on the best replica when p is nil; forced
 // counts it as admitted at AdmitWait. A ticket whose key is bound by now
 // (an earlier request of the same conversation was admitted) follows its
-// binding. With no replica at all the ticket gets ErrNoReplica. r.mu held.
-func (r *Router) admitTicket(t *Ticket, p *replica, now int64, forced bool) {
-	r.unqueue(t)
+// binding. With no replica at all the ticket gets ErrNoReplica. a.mu held.
+func (a *admission) admitTicket(t *Ticket, p *replica, now int64, forced bool) {
+	a.unqueue(t)
 	t.state, t.at, t.forced = ticketAdmitted, now, forced
 	defer close(t.ready)
-	if e := r.lookup(t.h, now); e != nilIdx && r.b.ents[e].flags&flagPaused != 0 {
-		if p == nil || !r.usable(p) {
-			if p = r.reps[r.b.ents[e].rep]; !r.usable(p) {
-				p = r.lenientPick(func() *replica { return r.best(now, nil, false) })
+	if e := a.do.lookup(t.h, now); e != nilIdx && a.b.ents[e].flags&flagPaused != 0 {
+		if p == nil || !a.do.usable(p) {
+			if p = a.reps[a.b.ents[e].rep]; !a.do.usable(p) {
+				p = a.do.pick(now, nil)
 			}
 		}
 		if p != nil {
-			t.dec = r.resume(e, p, now)
-			r.countAdmitted(t, forced)
-			r.pausedWaits.add((now - t.enq) / int64(time.Millisecond))
+			t.dec = a.resume(e, p, now)
+			a.countAdmitted(t, forced)
+			a.pausedWaits.add((now - t.enq) / int64(time.Millisecond))
 			return
 		}
-		r.removeEntry(e)
-	} else if d, ok := r.follow(e, now); ok {
+		a.do.forget(e)
+	} else if d, ok := a.follow(e, now); ok {
 		t.dec = d
-		r.countAdmitted(t, forced)
+		a.countAdmitted(t, forced)
 		return
 	}
 	if p == nil {
-		p = r.lenientPick(func() *replica { return r.best(now, nil, false) })
+		p = a.do.pick(now, nil)
 	}
 	if p == nil {
 		t.err = ErrNoReplica
 		return
 	}
-	e := r.insert(t.h, p, now, t.start)
-	r.estimated(e, t.est)
-	p.placed++
-	t.dec = r.take(p, ReasonPlaced, e)
-	r.countAdmitted(t, forced)
+	t.dec = a.do.place(t.h, t.start, p, t.est, now)
+	a.countAdmitted(t, forced)
 }
 
 // follow routes a request of the conversation of entry e (nilIdx: none)
 // that a waiting request of it got bound meanwhile: sticky to its replica
-// when usable; otherwise the binding is dropped and ok is false. r.mu
+// when usable; otherwise the binding is dropped and ok is false. a.mu
 // held.
-func (r *Router) follow(e int32, now int64) (d Decision, ok bool) {
+func (a *admission) follow(e int32, now int64) (d Decision, ok bool) {
 	if e == nilIdx {
 		return Decision{}, false
 	}
-	if q := r.reps[r.b.ents[e].rep]; r.usable(q) {
-		r.keyed++
-		return r.stay(e, q, now, ReasonSticky), true
+	if q := a.reps[a.b.ents[e].rep]; a.do.usable(q) {
+		return a.do.stuck(e, q, now), true
 	}
-	r.removeEntry(e)
+	a.do.forget(e)
 	return Decision{}, false
 }
 
-func (r *Router) countAdmitted(t *Ticket, forced bool) {
+func (a *admission) countAdmitted(t *Ticket, forced bool) {
 	if forced {
-		r.admittedAtLimit++
+		a.admittedAtLimit++
 	} else {
-		r.admittedAfterWait++
+		a.admittedAfterWait++
 	}
-	r.waitedNanos += uint64(max(t.at-t.enq, 0))
+	a.waitedNanos += uint64(max(t.at-t.enq, 0))
 }
 
 // estimated records est as the new binding e's context until the engine
 // measures it.
-func (r *Router) estimated(e int32, est int64) {
-	en := &r.b.ents[e]
+func (a *admission) estimated(e int32, est int64) {
+	en := &a.b.ents[e]
 	en.ctx = uint32(min(max(est, 0), 1<<32-1))
 	en.flags |= flagEstimated
 }
 
+// bestFor returns the best replica for a conversation of est tokens: in
+// force, the best one it fits on (fitted), else, or when it fits nowhere,
+// the best by score; nil when no replica can be chosen (see placer.pick).
+// a.mu held.
+func (a *admission) bestFor(now, est int64) (p *replica, fitted bool) {
+	if a.on {
+		if p = a.do.pick(now, func(q *replica) bool { return a.fits(q, est, now) }); p != nil {
+			return p, true
+		}
+	}
+	return a.do.pick(now, nil), false
+}
+
+// allows reports whether a conversation of est tokens may go to p: it
+// fits there, or admission is not in force. a.mu held.
+func (a *admission) allows(p *replica, est, now int64) bool {
+	return !a.on || a.fits(p, est, now)
+}
+
 // admitQueued admits waiting tickets in arrival order while the first one
 // fits somewhere (or is bound by now); a ticket that has waited AdmitWait
-// is admitted on the best replica. r.mu held.
-func (r *Router) admitQueued(now int64) int {
+// is admitted on the best replica. a.mu held.
+func (a *admission) admitQueued(now int64) int {
 	n := 0
-	for len(r.queue) > 0 {
-		t := r.queue[0]
-		if now-t.enq >= int64(r.cfg.AdmitWait) {
-			r.admitTicket(t, nil, now, true)
+	for len(a.queue) > 0 {
+		t := a.queue[0]
+		if now-t.enq >= int64(a.cfg.AdmitWait) {
+			a.admitTicket(t, nil, now, true)
 			n++
 			continue
 		}
-		if e := r.lookup(t.h, now); e != nilIdx {
+		if e := a.do.lookup(t.h, now); e != nilIdx {
 			var p *replica // a bound conversation follows its binding
-			if r.b.ents[e].flags&flagPaused != 0 {
-				if p = r.resumeTarget(e, now); p == nil {
+			if a.b.ents[e].flags&flagPaused != 0 {
+				if p = a.resumeTarget(e, now); p == nil {
 					break
 				}
 			}
-			if p != nil || r.usable(r.reps[r.b.ents[e].rep]) {
-				r.admitTicket(t, p, now, false)
+			if p != nil || a.do.usable(a.reps[a.b.ents[e].rep]) {
+				a.admitTicket(t, p, now, false)
 				n++
 				continue
 			}
 		}
-		if r.oversize(t.est) {
-			r.oversized++
-			r.admitTicket(t, r.emptiest(now), now, false)
+		if a.oversize(t.est) {
+			a.oversized++
+			a.admitTicket(t, a.emptiest(now), now, false)
 			n++
 			continue
 		}
-		p, fitted := r.bestFor(now, t.est)
+		p, fitted := a.bestFor(now, t.est)
 		if !fitted {
 			break
 		}
-		r.admitTicket(t, p, now, false)
+		a.admitTicket(t, p, now, false)
 		n++
 	}
 	return n
 }
 
-// AdmitWaiting admits the waiting conversations that fit at now (room
-// appears as conversations go quiet, which no request reports) and those
-// that have waited AdmitWait. Call it periodically, e.g. after every poll
-// round. It returns how many it admitted.
-func (r *Router) AdmitWaiting(now time.Time) int {
-	n := unixNanos(now)
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if len(r.queue) == 0 {
-		r.advance(n)
-		return 0
-	}
-	return r.admitQueued(r.advance(n))
-}
-
-// Waiting returns the number of conversations waiting for admission.
-func (r *Router) Waiting() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return len(r.queue)
-}
-
 // queueNew queues a new conversation's first request, or refuses it with
-// ErrQueueFull when AdmitQueue are waiting already. r.mu held.
-func (r *Router) queueNew(req Request, h uint64, est, now int64) (Decision, *Ticket, error) {
-	if len(r.queue) >= r.cfg.AdmitQueue {
-		r.refused++
+// ErrQueueFull when AdmitQueue are waiting already. a.mu held.
+func (a *admission) queueNew(req Request, h uint64, est, now int64) (Decision, *Ticket, error) {
+	if len(a.queue) >= a.cfg.AdmitQueue {
+		a.refused++
 		return Decision{}, nil, ErrQueueFull
 	}
-	t := &Ticket{r: r, h: h, start: req.Start, est: est, enq: now, ready: make(chan struct{})}
-	r.queue = append(r.queue, t)
-	r.queued++
+	t := &Ticket{a: a, h: h, start: req.Start, est: est, enq: now, ready: make(chan struct{})}
+	a.queue = append(a.queue, t)
+	a.queued++
 	return Decision{}, t, nil
 }
 
@@ -835,56 +814,41 @@ func (a AdmissionSnapshot) Overcommitted() bool {
 // strained reports whether p's engine confirms KV pressure (see
 // AdmissionSnapshot.Strained): requests wait in it for KV (see kvQueued),
 // or the turns returning to it find less than HitsLow of their cache.
-// r.mu held.
-func (r *Router) strained(p *replica) bool {
-	return r.kvQueued(p) || (p.hitsN > 0 && p.hits < HitsLow)
+// a.mu held.
+func (a *admission) strained(p *replica) bool {
+	return a.kvQueued(p) || (p.hitsN > 0 && p.hits < HitsLow)
 }
 
 // kvQueued reports whether requests wait in p's engine while it runs
 // fewer than max_num_seqs: they wait for KV (or the batch's token budget),
 // not for a place in the batch. A queue of an engine that runs
-// max_num_seqs says nothing about its cache. r.mu held.
-func (r *Router) kvQueued(p *replica) bool {
+// max_num_seqs says nothing about its cache. a.mu held.
+func (a *admission) kvQueued(p *replica) bool {
 	if !p.waitingKnown() || p.waiting() == 0 {
 		return false
 	}
-	return p.load.RunningUnknown || p.load.Running < r.cfg.MaxNumSeqs
+	return p.load.RunningUnknown || p.load.Running < a.cfg.MaxNumSeqs
 }
 
-// Admission returns the state of working-set admission, with the
-// replicas' working sets and capacities summed, without the rest of
-// Snapshot.
-func (r *Router) Admission() AdmissionSnapshot {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	a := r.admissionSnapshot()
-	for _, i := range r.order {
-		p := r.reps[i]
-		a.add(r.workingSet(p, r.clock), r.capacity(p), r.engineKV(p), r.strained(p))
-		a.Paused += r.pausedOn(p)
+// snapshot fills the model's admission state but the replicas'
+// sums; a.mu held.
+func (a *admission) snapshot() AdmissionSnapshot {
+	active, why := a.admissionReason()
+	s := AdmissionSnapshot{
+		On: !a.cfg.AdmissionOff && !a.cfg.AffinityOff, Active: active, Why: why,
+		HighWater: a.cfg.HighWater, Window: a.cfg.AdmitWindow, Wait: a.cfg.AdmitWait, QueueLimit: a.cfg.AdmitQueue,
+		Waiting: len(a.queue), Queued: a.queued, AdmittedAfterWait: a.admittedAfterWait,
+		AdmittedAtLimit: a.admittedAtLimit, Refused: a.refused, Cancelled: a.cancelled,
+		WaitedTotal: time.Duration(a.waitedNanos), Oversized: a.oversized, EngineKVTokens: -1,
+		RotateTurns: a.cfg.RotateTurns, PausedTotal: a.pausedTotal, QueuedTurns: a.queuedTurns,
+		Resumed:       uint64(a.pausedWaits.n),
+		PausedWaitP50: time.Duration(a.pausedWaits.at(0.5)) * time.Millisecond,
+		PausedWaitP95: time.Duration(a.pausedWaits.at(0.95)) * time.Millisecond,
 	}
-	return a
-}
-
-// admissionSnapshot fills the model's admission state but the replicas'
-// sums; r.mu held.
-func (r *Router) admissionSnapshot() AdmissionSnapshot {
-	active, why := r.admissionReason()
-	a := AdmissionSnapshot{
-		On: !r.cfg.AdmissionOff && !r.cfg.AffinityOff, Active: active, Why: why,
-		HighWater: r.cfg.HighWater, Window: r.cfg.AdmitWindow, Wait: r.cfg.AdmitWait, QueueLimit: r.cfg.AdmitQueue,
-		Waiting: len(r.queue), Queued: r.queued, AdmittedAfterWait: r.admittedAfterWait,
-		AdmittedAtLimit: r.admittedAtLimit, Refused: r.refused, Cancelled: r.cancelled,
-		WaitedTotal: time.Duration(r.waitedNanos), Oversized: r.oversized, EngineKVTokens: -1,
-		RotateTurns: r.cfg.RotateTurns, PausedTotal: r.pausedTotal, QueuedTurns: r.queuedTurns,
-		Resumed:       uint64(r.pausedWaits.n),
-		PausedWaitP50: time.Duration(r.pausedWaits.at(0.5)) * time.Millisecond,
-		PausedWaitP95: time.Duration(r.pausedWaits.at(0.95)) * time.Millisecond,
+	for _, t := range a.queue {
+		s.WaitingTokens += t.est
 	}
-	for _, t := range r.queue {
-		a.WaitingTokens += t.est
-	}
-	return a
+	return s
 }
 
 // add sums one replica's working set ws, capacity c and engine's KV in

@@ -385,7 +385,7 @@ func TestResidentTime(t *testing.T) {
 	ws := func(at time.Time) int64 {
 		r.mu.Lock()
 		defer r.mu.Unlock()
-		return r.workingSet(r.reps[0], unixNanos(at))
+		return r.adm.workingSet(r.reps[0], unixNanos(at))
 	}
 	d, _ := admitTurn(t, r, "a", 5000, t0)
 	if got := ws(t0.Add(10 * time.Minute)); got != 5000 {
@@ -419,7 +419,7 @@ func TestResidentTypicalPause(t *testing.T) {
 	ws := func(at time.Time) int64 {
 		r.mu.Lock()
 		defer r.mu.Unlock()
-		return r.workingSet(r.reps[0], unixNanos(at))
+		return r.adm.workingSet(r.reps[0], unixNanos(at))
 	}
 	// a conversation pausing 5 s: pauses seen
 	d, _ := admitTurn(t, r, "a", 1000, t0)

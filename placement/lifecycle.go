@@ -75,7 +75,7 @@ func (r *Router) Feedback(t Turn) (predicted int, cold bool) {
 	// turn on this replica, what it found cached there is the part it
 	// shares with the replica's other conversations (the system prompt).
 	if en.flags&flagEstimated != 0 {
-		r.lastFirst = t.Prompt
+		r.adm.lastFirst = t.Prompt
 	}
 	en.flags &^= flagEstimated
 	en.ctx = uint32(min(t.Prompt+max(t.Completion, 0), 1<<32-1))
@@ -85,7 +85,7 @@ func (r *Router) Feedback(t Turn) (predicted int, cold bool) {
 			p.base = en.shared // what a new conversation shares here
 		}
 	}
-	r.turnFP.add(r.footprint(en))
+	r.adm.turnFP.add(r.footprint(en))
 	return predicted, cold
 }
 
@@ -141,8 +141,8 @@ func (r *Router) End(key string, now time.Time) bool {
 	}
 	r.reps[r.b.ents[e].rep].ended++
 	r.removeEntry(e)
-	if len(r.queue) > 0 {
-		r.admitQueued(r.clock) // its room is free
+	if len(r.adm.queue) > 0 {
+		r.adm.admitQueued(r.clock) // its room is free
 	}
 	return true
 }

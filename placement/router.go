@@ -3,7 +3,6 @@ package placement
 import (
 	"errors"
 	"hash/maphash"
-	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -357,24 +356,20 @@ func (p *replica) kvKnown() bool { return p.load.Reachable && !p.load.KVUnknown 
 
 // Router places conversations on replicas. Create one with NewRouter.
 type Router struct {
-	mu        sync.Mutex
-	cfg       Config
+	fleet           // the replicas, bindings, settings and clock (fleet.go)
+	adm   admission // working-set admission (admission.go)
+
 	threshold int
 	seed      maphash.Seed
 	since     time.Time
-	clock     int64 // latest time seen, unix nanos
 
-	reps  []*replica       // known replicas by index; nil where one was forgotten
-	byID  map[string]int32 // ID → index
-	free  []int32          // indices of forgotten replicas, for reuse
-	gone  int              // known replicas not present
-	order []int32          // present replicas, in SetReplicas order
-	rr    uint32           // round-robin offset for ties
+	byID map[string]int32 // ID → index
+	free []int32          // indices of forgotten replicas, for reuse
+	gone int              // known replicas not present
+	rr   uint32           // round-robin offset for ties
 
 	exclEpoch uint64
 	lenient   bool // usable ignores poll and proxy failures (lenientPick)
-
-	b bindings
 
 	requests, keyed, sticky uint64
 	expired, evicted        uint64
@@ -383,20 +378,6 @@ type Router struct {
 	slots    slotPool
 
 	side map[uint64]sideStarts // recent side starts of bindings with flagSide, by hash (side.go)
-
-	// working-set admission (admission.go)
-	admit                                                          bool // in force
-	queue                                                          []*Ticket
-	lastFirst                                                      int // context of the last first turn measured
-	queued, admittedAfterWait, admittedAtLimit, refused, cancelled uint64
-	// conversations paused at a turn boundary, their turns queued, and how
-	// long the last of those waited, in milliseconds (timeslice.go)
-	pausedTotal, queuedTurns uint64
-	pausedWaits              recent
-	oversized                uint64 // placed at once: fitted no replica even empty
-	waitedNanos              uint64
-	turnFP                   recent // footprints of recent turns (peak)
-	gaps                     recent // recent pauses between turns, in milliseconds
 
 	// the last spill decisions (spill.go), a ring
 	spillLog [recentSpills]SpillCost
@@ -411,6 +392,7 @@ func NewRouter(cfg Config) *Router {
 		byID:  make(map[string]int32),
 	}
 	r.b.init()
+	r.adm.fleet, r.adm.do = &r.fleet, r
 	r.setConfig(cfg)
 	return r
 }
@@ -418,7 +400,7 @@ func NewRouter(cfg Config) *Router {
 func (r *Router) setConfig(cfg Config) {
 	r.cfg = cfg.withDefaults()
 	r.threshold = r.cfg.threshold()
-	r.refreshAdmission()
+	r.adm.reconsider()
 }
 
 // Reconfigure replaces the policy settings, keeping replicas, bindings and
@@ -454,16 +436,7 @@ func (r *Router) SpillThreshold() (n int, auto bool) {
 func (r *Router) SetAffinity(on bool) {
 	r.mu.Lock()
 	r.cfg.AffinityOff = !on
-	r.refreshAdmission()
-	r.mu.Unlock()
-}
-
-// SetAdmission turns working-set admission on or off; turned off, every
-// waiting conversation is admitted at once.
-func (r *Router) SetAdmission(on bool) {
-	r.mu.Lock()
-	r.cfg.AdmissionOff = !on
-	r.refreshAdmission()
+	r.adm.reconsider()
 	r.mu.Unlock()
 }
 
@@ -519,9 +492,9 @@ func (r *Router) SetReplicas(ids []string) {
 	}
 	r.exclEpoch++
 	r.forgetGone()
-	r.refreshAdmission()
-	if len(r.queue) > 0 {
-		r.admitQueued(r.clock) // a replica may have joined
+	r.adm.reconsider()
+	if len(r.adm.queue) > 0 {
+		r.adm.admitQueued(r.clock) // a replica may have joined
 	}
 }
 
@@ -570,7 +543,7 @@ func (r *Router) UpdateLoad(id string, l Load) {
 		if (l.KVTokens > 0 && l.KVTokens != p.kvCap) || (l.Reachable && !p.polled) {
 			p.kvCap = max(l.KVTokens, p.kvCap)
 			p.polled = p.polled || l.Reachable
-			r.refreshAdmission()
+			r.adm.reconsider()
 		}
 		if l.Reachable {
 			p.sampleBusy()
@@ -585,15 +558,6 @@ func unixNanos(t time.Time) int64 {
 		return time.Now().UnixNano()
 	}
 	return t.UnixNano()
-}
-
-// advance moves the Router's clock to n unless it is already later, and
-// returns it: time never runs backwards for bindings. r.mu held.
-func (r *Router) advance(n int64) int64 {
-	if n > r.clock {
-		r.clock = n
-	}
-	return r.clock
 }
 
 // usable reports whether p may be chosen for the request being routed: it
@@ -714,13 +678,13 @@ func (r *Router) route(req Request, queue bool) (Decision, *Ticket, error) {
 			return d, nil, err
 		}
 	}
-	r.arrive(e, req.Tokens, now) // learnt with admission off too
+	r.adm.arrive(e, req.Tokens, now) // learnt with admission off too
 	if r.b.ents[e].flags&flagPaused != 0 {
-		if queue && r.admit {
+		if queue && r.adm.on {
 			if req.Unread {
 				return Decision{}, nil, ErrUnread
 			}
-			if t := r.queueTurn(req, e, h, now); t != nil {
+			if t := r.adm.queueTurn(req, e, h, now); t != nil {
 				return Decision{}, t, nil
 			}
 		}
@@ -806,79 +770,64 @@ func (r *Router) overThreshold(e int32, bound *replica, tokens int, now int64) D
 // fits, and when it fits nowhere it waits (queue) or goes to the best
 // replica anyway. A sub-agent never waits: its parent was admitted.
 func (r *Router) placeNew(req Request, h, parent uint64, now int64, queue bool) (Decision, *Ticket, error) {
-	est := r.estimate(req.Tokens)
+	est := r.adm.estimate(req.Tokens)
 	var p *replica
 	sub := false
 	if req.Parent != "" {
 		if pe := r.lookup(parent, now); pe != nilIdx {
 			sub = true
-			if q := r.reps[r.b.ents[pe].rep]; r.usable(q) && q.running() <= r.threshold && (!r.admit || r.fits(q, est, now)) {
+			if q := r.reps[r.b.ents[pe].rep]; r.usable(q) && q.running() <= r.threshold && r.adm.allows(q, est, now) {
 				p = q
 			}
 		}
 	}
-	queue = queue && r.admit && !sub
+	queue = queue && r.adm.on && !sub
 	if queue && req.Unread {
 		return Decision{}, nil, ErrUnread
 	}
-	if queue && len(r.queue) > 0 {
+	if queue && len(r.adm.queue) > 0 {
 		// earlier arrivals go first: this one waits behind them unless
 		// room lets them all in now
-		r.admitQueued(now)
+		r.adm.admitQueued(now)
 		// an earlier request of this conversation waited and was
 		// admitted just now: this one follows it
-		if d, ok := r.follow(r.lookup(h, now), now); ok {
+		if d, ok := r.adm.follow(r.lookup(h, now), now); ok {
 			return d, nil, nil
 		}
-		if len(r.queue) > 0 {
-			return r.queueNew(req, h, est, now)
+		if len(r.adm.queue) > 0 {
+			return r.adm.queueNew(req, h, est, now)
 		}
 	}
 	if p == nil {
 		var fitted bool
-		if p, fitted = r.bestFor(now, est); p == nil {
+		if p, fitted = r.adm.bestFor(now, est); p == nil {
 			return Decision{}, nil, ErrNoReplica
 		}
-		if r.admit && !fitted && r.oversize(est) {
+		if r.adm.on && !fitted && r.adm.oversize(est) {
 			// it fits no replica even empty: waiting buys nothing
-			if q := r.emptiest(now); q != nil {
+			if q := r.adm.emptiest(now); q != nil {
 				p = q
 			}
-			r.oversized++
+			r.adm.oversized++
 		} else if queue && !fitted {
-			return r.queueNew(req, h, est, now)
+			return r.adm.queueNew(req, h, est, now)
 		}
 	}
 	e := r.insert(h, p, now, req.Start)
-	r.estimated(e, est)
+	r.adm.estimated(e, est)
 	p.addBacklog(int64(req.Tokens)-int64(p.base), now)
 	p.placed++
 	return r.take(p, ReasonPlaced, e), nil, nil
-}
-
-// bestFor returns the best replica for a conversation of est tokens: under
-// admission the best one it fits on (fitted), else, or when it fits
-// nowhere, the best by score; nil when no replica can be chosen (see
-// lenientPick). r.mu held.
-func (r *Router) bestFor(now, est int64) (p *replica, fitted bool) {
-	if r.admit {
-		if p = r.lenientPick(func() *replica {
-			return r.bestWith(now, func(q *replica) bool { return r.fits(q, est, now) })
-		}); p != nil {
-			return p, true
-		}
-	}
-	return r.lenientPick(func() *replica { return r.best(now, nil, false) }), false
 }
 
 // spillTarget returns the best replica other than from that ok accepts and,
 // under admission, on which the conversation of entry e fits. r.mu held.
 func (r *Router) spillTarget(e int32, from *replica, now int64, ok func(*replica) bool) *replica {
 	var fp int64
-	if r.admit {
-		fp = r.projected(&r.b.ents[e])
+	if r.adm.on {
+		fp = r.adm.projected(&r.b.ents[e])
 	}
-	return r.bestWith(now, func(q *replica) bool { return q != from && ok(q) && (!r.admit || r.fits(q, fp, now)) })
+	return r.bestWith(now, func(q *replica) bool { return q != from && ok(q) && r.adm.allows(q, fp, now) })
 }
 
 // spill moves the conversation of entry e from its replica to p, where it
@@ -901,10 +850,10 @@ func (r *Router) replace(e int32, from *replica, now int64, reason Reason) (Deci
 	// where it fits first: it never waits, but it should not push a
 	// replica over its mark when another has room
 	var est int64
-	if r.admit {
-		est = r.projected(&r.b.ents[e])
+	if r.adm.on {
+		est = r.adm.projected(&r.b.ents[e])
 	}
-	p, _ := r.bestFor(now, est)
+	p, _ := r.adm.bestFor(now, est)
 	if p == nil {
 		return Decision{}, ErrNoReplica
 	}
@@ -947,7 +896,7 @@ func (r *Router) take(p *replica, reason Reason, e int32) Decision {
 	p.inflight.Add(1)
 	r.inflight.Add(1)
 	s, tok := r.slots.get(p, r)
-	r.hold(p, e, s)
+	r.adm.hold(p, e, s)
 	return Decision{Replica: p.id, Reason: reason, s: s, tok: tok}
 }
 
@@ -1063,8 +1012,8 @@ func (r *Router) Unbind(key string) bool {
 		return false
 	}
 	r.removeEntry(e)
-	if len(r.queue) > 0 {
-		r.admitQueued(r.clock) // its room is free
+	if len(r.adm.queue) > 0 {
+		r.adm.admitQueued(r.clock) // its room is free
 	}
 	return true
 }

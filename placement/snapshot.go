@@ -118,7 +118,7 @@ func (r *Router) Snapshot() Snapshot {
 		Evicted:        r.evicted,
 		Since:          r.since,
 		Replicas:       make([]ReplicaSnapshot, 0, len(r.order)),
-		Admission:      r.admissionSnapshot(),
+		Admission:      r.adm.snapshot(),
 		RecentSpills:   r.recentSpillCosts(),
 	}
 	if r.keyed > 0 {
@@ -133,11 +133,11 @@ func (r *Router) Snapshot() Snapshot {
 		if p.coolUntil > r.clock {
 			until = time.Unix(0, p.coolUntil)
 		}
-		ws, c := r.workingSet(p, r.clock), r.capacity(p)
+		ws, c := r.adm.workingSet(p, r.clock), r.capacity(p)
 		if c > 0 {
 			// full follows the working set between placements too (the
 			// queue drained, conversations went quiet)
-			r.markFull(p, ws, c)
+			r.adm.markFull(p, ws, c)
 		}
 		s.Replicas = append(s.Replicas, ReplicaSnapshot{
 			ID: p.id, Available: out == 0, Out: out, CooldownUntil: until, ProxyFailures: p.proxyFails,
@@ -146,13 +146,13 @@ func (r *Router) Snapshot() Snapshot {
 			ClientPinned: p.pinned, Replaced: p.replaced, AffinityOff: p.affOff, NoKey: p.noKey,
 			Restarted: p.restarted, Side: p.side, ColdReplaced: p.coldReplaced, ColdMarked: p.coldMarked, Ended: p.ended,
 			MeasuredTurns: p.measured, PredictedTokens: p.predicted, DeliveredTokens: p.delivered,
-			Bindings: p.bindings, Active: p.active, Paused: r.pausedOn(p), Load: p.load,
+			Bindings: p.bindings, Active: p.active, Paused: r.adm.pausedOn(p), Load: p.load,
 			WorkingSet: ws, Capacity: c, Full: p.full,
 			EngineKV: r.engineKV(p), Hits: p.hits, Busy: p.busy,
 			PrefillRate: p.cost.rate, TurnTime: time.Duration(p.cost.turn * 1e9),
 		})
 		row := &s.Replicas[len(s.Replicas)-1]
-		s.Admission.add(row.WorkingSet, row.Capacity, row.EngineKV, r.strained(p))
+		s.Admission.add(row.WorkingSet, row.Capacity, row.EngineKV, r.adm.strained(p))
 		s.Admission.Paused += row.Paused
 	}
 	slices.SortFunc(s.Replicas, func(a, b ReplicaSnapshot) int {

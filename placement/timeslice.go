@@ -35,78 +35,78 @@ const (
 // actual sizes), or when the first conversation waiting for room is a
 // paused one: its room goes to those that stay, or to the one that waits.
 // A conversation within its quantum is never paused: it paid a prefill to
-// come in. r.mu held.
-func (r *Router) maybePause(e int32, now int64) {
-	en := &r.b.ents[e]
-	if r.cfg.RotateTurns < 0 || !r.admit || en.busy > 0 || en.flags&flagPaused != 0 || en.runs < minRunsOver {
+// come in. a.mu held.
+func (a *admission) maybePause(e int32, now int64) {
+	en := &a.b.ents[e]
+	if a.cfg.RotateTurns < 0 || !a.on || en.busy > 0 || en.flags&flagPaused != 0 || en.runs < minRunsOver {
 		return
 	}
-	if len(r.queue) == 0 || !r.queue[0].paused || int(en.runs) < r.cfg.RotateTurns {
-		p := r.reps[en.rep]
-		c := r.capacity(p)
+	if len(a.queue) == 0 || !a.queue[0].paused || int(en.runs) < a.cfg.RotateTurns {
+		p := a.reps[en.rep]
+		c := a.capacity(p)
 		if c <= 0 {
 			return
 		}
 		// the engine confirms: requests wait in it for KV while others
 		// stay
-		queued := r.kvQueued(p) && r.othersResident(e, p, now)
-		if !queued && r.actualLoad(p, now, false) <= r.cfg.HighWater*float64(c) {
+		queued := a.kvQueued(p) && a.othersResident(e, p, now)
+		if !queued && a.actualLoad(p, now, false) <= a.cfg.HighWater*float64(c) {
 			return
 		}
 		// a pause is decided on the demand now, not on one computed
 		// before conversations went quiet
-		if !queued && r.actualLoad(p, now, true) <= r.cfg.HighWater*float64(c) {
+		if !queued && a.actualLoad(p, now, true) <= a.cfg.HighWater*float64(c) {
 			return
 		}
 	}
 	en.flags |= flagPaused
 	en.runs = 0
-	r.reps[en.rep].demandAt = 0
-	r.pausedTotal++
-	if len(r.queue) > 0 {
-		r.admitQueued(now)
+	a.reps[en.rep].demandAt = 0
+	a.pausedTotal++
+	if len(a.queue) > 0 {
+		a.admitQueued(now)
 	}
 }
 
 // queueTurn queues the turn of the paused conversation of entry e: it
 // waits for room as a new conversation does. With the queue full it is
 // not refused (its conversation was admitted once): it returns nil and
-// the turn runs on its replica. r.mu held.
-func (r *Router) queueTurn(req Request, e int32, h uint64, now int64) *Ticket {
-	if len(r.queue) >= r.cfg.AdmitQueue {
+// the turn runs on its replica. a.mu held.
+func (a *admission) queueTurn(req Request, e int32, h uint64, now int64) *Ticket {
+	if len(a.queue) >= a.cfg.AdmitQueue {
 		return nil
 	}
-	t := &Ticket{r: r, h: h, start: req.Start, est: r.footprint(&r.b.ents[e]), enq: now, paused: true, ready: make(chan struct{})}
-	r.queue = append(r.queue, t)
-	r.queuedTurns++
+	t := &Ticket{a: a, h: h, start: req.Start, est: a.footprint(&a.b.ents[e]), enq: now, paused: true, ready: make(chan struct{})}
+	a.queue = append(a.queue, t)
+	a.queuedTurns++
 	return t
 }
 
 // resumeTarget is where the paused conversation of entry e resumes: its
 // replica when it fits there again by the actual sizes (see demand; some
 // of its cache may be left), else the replica with the most room where it
-// fits; nil while it fits nowhere. r.mu held.
-func (r *Router) resumeTarget(e int32, now int64) *replica {
-	en := &r.b.ents[e]
-	fp := r.footprint(en)
+// fits; nil while it fits nowhere. a.mu held.
+func (a *admission) resumeTarget(e int32, now int64) *replica {
+	en := &a.b.ents[e]
+	fp := a.footprint(en)
 	room := func(q *replica) float64 {
-		c := r.capacity(q)
-		if c <= 0 || !r.usable(q) {
+		c := a.capacity(q)
+		if c <= 0 || !a.do.usable(q) {
 			return -1
 		}
 		// under the low mark: a conversation resumed at the high one
 		// would be paused again after its next turn
-		inFlight, load := r.demand(q, fp, fp, now, r.footprint)
-		low := (r.cfg.HighWater - AdmitHysteresis) * float64(c)
+		inFlight, load := a.demand(q, fp, fp, now, a.footprint)
+		low := (a.cfg.HighWater - AdmitHysteresis) * float64(c)
 		return min(low-float64(inFlight), low-load)
 	}
-	if q := r.reps[en.rep]; room(q) >= 0 {
+	if q := a.reps[en.rep]; room(q) >= 0 {
 		return q
 	}
 	var best *replica
 	bestRoom := -1.0
-	for _, i := range r.order {
-		if q := r.reps[i]; q != r.reps[en.rep] {
+	for _, i := range a.order {
+		if q := a.reps[i]; q != a.reps[en.rep] {
 			if m := room(q); m > bestRoom {
 				best, bestRoom = q, m
 			}
@@ -116,52 +116,49 @@ func (r *Router) resumeTarget(e int32, now int64) *replica {
 }
 
 // actualLoad is p's demand by its conversations' actual sizes (see
-// demand), as computed within the last demandEvery unless fresh. r.mu
+// demand), as computed within the last demandEvery unless fresh. a.mu
 // held.
-func (r *Router) actualLoad(p *replica, now int64, fresh bool) float64 {
+func (a *admission) actualLoad(p *replica, now int64, fresh bool) float64 {
 	if fresh || p.demandAt == 0 || now-p.demandAt >= int64(demandEvery) || now < p.demandAt {
-		_, p.demandLoad = r.demand(p, 0, 0, now, r.footprint)
+		_, p.demandLoad = a.demand(p, 0, 0, now, a.footprint)
 		p.demandAt = now
 	}
 	return p.demandLoad
 }
 
-// resume admits the paused conversation of entry e on p at now. r.mu held.
-func (r *Router) resume(e int32, p *replica, now int64) Decision {
-	en := &r.b.ents[e]
+// resume admits the paused conversation of entry e on p at now. a.mu held.
+func (a *admission) resume(e int32, p *replica, now int64) Decision {
+	en := &a.b.ents[e]
 	en.flags &^= flagPaused
 	en.runs = 0
 	p.demandAt = 0 // it counts there again
-	r.keyed++
 	if en.rep == p.idx {
-		return r.stay(e, p, now, ReasonSticky)
+		return a.do.stuck(e, p, now)
 	}
-	r.rebind(e, p, now)
-	p.replaced++
-	return r.take(p, ReasonReplaced, e)
+	return a.do.moved(e, p, now)
 }
 
 // othersResident reports whether conversations other than entry e's are
-// resident on p (in flight, or neither paused nor gone quiet). r.mu held.
-func (r *Router) othersResident(e int32, p *replica, now int64) bool {
-	horizon := now - int64(r.cfg.AdmitWindow)
-	for o := p.head; o != nilIdx; o = r.b.ents[o].rnext {
-		en := &r.b.ents[o]
+// resident on p (in flight, or neither paused nor gone quiet). a.mu held.
+func (a *admission) othersResident(e int32, p *replica, now int64) bool {
+	horizon := now - int64(a.cfg.AdmitWindow)
+	for o := p.head; o != nilIdx; o = a.b.ents[o].rnext {
+		en := &a.b.ents[o]
 		if en.last < horizon {
 			break
 		}
-		if o != e && (en.busy > 0 || !r.quiet(en, now)) {
+		if o != e && (en.busy > 0 || !a.quiet(en, now)) {
 			return true
 		}
 	}
 	return false
 }
 
-// pausedOn counts the conversations bound to p that are paused. r.mu held.
-func (r *Router) pausedOn(p *replica) int {
+// pausedOn counts the conversations bound to p that are paused. a.mu held.
+func (a *admission) pausedOn(p *replica) int {
 	n := 0
-	for e := p.head; e != nilIdx; e = r.b.ents[e].rnext {
-		if r.b.ents[e].flags&flagPaused != 0 {
+	for e := p.head; e != nilIdx; e = a.b.ents[e].rnext {
+		if a.b.ents[e].flags&flagPaused != 0 {
 			n++
 		}
 	}

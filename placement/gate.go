@@ -1,0 +1,121 @@
+package placement
+
+import "time"
+
+// The seam between the router and admission. The router asks admission
+// through admission's methods (fits, hold, ended, queueNew, …); admission
+// acts on the router only through placer, which the Router implements
+// here. Both read the fleet they share (fleet.go).
+
+// placer is the router as admission acts on it: where a conversation may
+// go, and binding it there.
+type placer interface {
+	// usable reports whether p may be chosen now (see Router.usable).
+	usable(p *replica) bool
+	// pick returns the best usable replica that ok accepts (nil: any),
+	// asking again with the router's own failure signals ignored when
+	// none is (see Router.lenientPick); nil when there is none.
+	pick(now int64, ok func(*replica) bool) *replica
+	// lookup returns the live binding of key hash h (nilIdx: none).
+	lookup(h uint64, now int64) int32
+	// forget drops the binding e.
+	forget(e int32)
+	// touched marks the binding e used at now.
+	touched(e int32, now int64)
+	// place binds key hash h (the conversation's start) to p as a new
+	// conversation of est tokens and routes its request there.
+	place(h, start uint64, p *replica, est int64, now int64) Decision
+	// stuck routes a turn of the conversation of e to its replica p.
+	stuck(e int32, p *replica, now int64) Decision
+	// moved re-binds the conversation of e to p and routes its turn there.
+	moved(e int32, p *replica, now int64) Decision
+}
+
+func (r *Router) pick(now int64, ok func(*replica) bool) *replica {
+	if ok == nil {
+		return r.lenientPick(func() *replica { return r.best(now, nil, false) })
+	}
+	return r.lenientPick(func() *replica { return r.bestWith(now, ok) })
+}
+
+func (r *Router) forget(e int32) { r.removeEntry(e) }
+
+func (r *Router) touched(e int32, now int64) { r.toFront(e, now) }
+
+func (r *Router) place(h, start uint64, p *replica, est int64, now int64) Decision {
+	e := r.insert(h, p, now, start)
+	r.adm.estimated(e, est)
+	p.placed++
+	return r.take(p, ReasonPlaced, e)
+}
+
+func (r *Router) stuck(e int32, p *replica, now int64) Decision {
+	r.keyed++
+	return r.stay(e, p, now, ReasonSticky)
+}
+
+func (r *Router) moved(e int32, p *replica, now int64) Decision {
+	r.keyed++
+	r.rebind(e, p, now)
+	p.replaced++
+	return r.take(p, ReasonReplaced, e)
+}
+
+// released ends a held turn (see admission.hold) at now (0 = the latest
+// time seen).
+func (r *Router) released(s *slot, now int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if now > 0 {
+		now = r.advance(now)
+	} else {
+		now = r.clock
+	}
+	r.adm.ended(s, now)
+}
+
+// SetAdmission turns working-set admission on or off; turned off, every
+// waiting conversation is admitted at once.
+func (r *Router) SetAdmission(on bool) {
+	r.mu.Lock()
+	r.cfg.AdmissionOff = !on
+	r.adm.reconsider()
+	r.mu.Unlock()
+}
+
+// AdmitWaiting admits the waiting conversations that fit at now (room
+// appears as conversations go quiet, which no request reports) and those
+// that have waited AdmitWait. Call it periodically, e.g. after every poll
+// round. It returns how many it admitted.
+func (r *Router) AdmitWaiting(now time.Time) int {
+	n := unixNanos(now)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.adm.queue) == 0 {
+		r.advance(n)
+		return 0
+	}
+	return r.adm.admitQueued(r.advance(n))
+}
+
+// Waiting returns the number of conversations waiting for admission.
+func (r *Router) Waiting() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.adm.queue)
+}
+
+// Admission returns the state of working-set admission, with the
+// replicas' working sets and capacities summed, without the rest of
+// Snapshot.
+func (r *Router) Admission() AdmissionSnapshot {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	a := r.adm.snapshot()
+	for _, i := range r.order {
+		p := r.reps[i]
+		a.add(r.adm.workingSet(p, r.clock), r.capacity(p), r.engineKV(p), r.adm.strained(p))
+		a.Paused += r.adm.pausedOn(p)
+	}
+	return a
+}

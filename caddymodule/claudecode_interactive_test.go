@@ -66,7 +66,7 @@ func TestClaudeCodeInteractiveStarts(t *testing.T) {
 		if r.Kind == "probe" {
 			continue
 		}
-		fp, lone := convkey.SplitStart(convkey.StartFingerprint(r.body, defaultFingerprintBytes))
+		fp, lone := convkey.SplitStart(convkey.StartFingerprint(r.body, DefaultFingerprintBytes))
 		if fp == 0 {
 			t.Fatalf("%s: no start", r.File)
 		}

@@ -84,7 +84,7 @@ func TestClaudeCodeStartIsStable(t *testing.T) {
 			if got := convkey.SessionFromBody(r.body); got != sid {
 				t.Errorf("key from metadata %q, want the header's %q", got, sid)
 			}
-			fp, _ := convkey.SplitStart(convkey.StartFingerprint(r.body, defaultFingerprintBytes))
+			fp, _ := convkey.SplitStart(convkey.StartFingerprint(r.body, DefaultFingerprintBytes))
 			if fp == 0 {
 				t.Fatal("no start fingerprint")
 			}
@@ -106,7 +106,7 @@ func TestClaudeCodeStartIsStable(t *testing.T) {
 // prompt, a compacted conversation would keep its start.
 func TestClaudeCodeFirstMessageInBudget(t *testing.T) {
 	for _, r := range loadClaudeCode(t) {
-		if convkey.BudgetLeft(r.body, defaultFingerprintBytes) <= 0 {
+		if convkey.BudgetLeft(r.body, DefaultFingerprintBytes) <= 0 {
 			t.Errorf("%s (%s): budget spent before the first user message", r.File, r.Step)
 		}
 	}
@@ -160,13 +160,13 @@ func TestStartFromPrefix(t *testing.T) {
 	}
 	bodies["system first"] = claudeBody("fix the bug in main.go", 3, "aaa")
 	for name, body := range bodies {
-		full := convkey.StartFingerprint(body, defaultFingerprintBytes)
+		full := convkey.StartFingerprint(body, DefaultFingerprintBytes)
 		if full == 0 {
 			t.Fatalf("%s: no start", name)
 		}
 		var firstOK int
 		for cut := 1; cut <= len(body); cut += 97 {
-			fp, ok := convkey.StartFromPrefix(body[:cut], defaultFingerprintBytes)
+			fp, ok := convkey.StartFromPrefix(body[:cut], DefaultFingerprintBytes)
 			if ok && fp != full {
 				t.Fatalf("%s cut at %d: start %x, whole body's %x", name, cut, fp, full)
 			}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -43,9 +44,11 @@ const (
 	DefaultParentAgentHeader = convkey.DefaultParentAgentHeader
 )
 
+// The handler's other defaults: max_body, and fingerprint_bytes (the
+// bytes of the conversation's start a fingerprint reads).
 const (
-	defaultMaxBody          = 32 << 20
-	defaultFingerprintBytes = convkey.DefaultFingerprintBytes
+	DefaultMaxBody          = 32 << 20
+	DefaultFingerprintBytes = convkey.DefaultFingerprintBytes
 )
 
 // Handler finds the conversation a request belongs to and hands it to the
@@ -158,41 +161,44 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 // Provision fills in defaults.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
-	headers := h.SessionHeaders
-	if len(headers) == 0 {
-		headers = DefaultSessionHeaders
-	}
+	h.withDefaults()
 	agent, parent := h.AgentHeader, h.ParentAgentHeader
-	if agent == "" {
-		agent = DefaultAgentHeader
-	}
-	if parent == "" {
-		parent = DefaultParentAgentHeader
-	}
 	if agent == "-" {
 		agent = ""
 	}
 	if parent == "-" {
 		parent = ""
 	}
-	h.keys = convkey.NewExtractor(headers, agent, parent)
-	ends := h.SessionEndHeaders
-	if len(ends) == 0 {
-		ends = DefaultSessionEndHeaders
-	}
+	h.keys = convkey.NewExtractor(h.SessionHeaders, agent, parent)
 	h.ends = nil
-	for _, e := range ends {
+	for _, e := range h.SessionEndHeaders {
 		if e != "-" && e != "" {
 			h.ends = append(h.ends, http.CanonicalHeaderKey(e))
 		}
 	}
+	return nil
+}
+
+// withDefaults fills the settings left empty.
+func (h *Handler) withDefaults() {
+	if len(h.SessionHeaders) == 0 {
+		h.SessionHeaders = slices.Clone(DefaultSessionHeaders)
+	}
+	if h.AgentHeader == "" {
+		h.AgentHeader = DefaultAgentHeader
+	}
+	if h.ParentAgentHeader == "" {
+		h.ParentAgentHeader = DefaultParentAgentHeader
+	}
+	if len(h.SessionEndHeaders) == 0 {
+		h.SessionEndHeaders = slices.Clone(DefaultSessionEndHeaders)
+	}
 	if h.FingerprintBytes == 0 {
-		h.FingerprintBytes = defaultFingerprintBytes
+		h.FingerprintBytes = DefaultFingerprintBytes
 	}
 	if h.MaxBody == 0 {
-		h.MaxBody = defaultMaxBody
+		h.MaxBody = DefaultMaxBody
 	}
-	return nil
 }
 
 // Validate checks the configuration.

@@ -265,22 +265,7 @@ func (p *Policy) pollSettings() pollSettings {
 		Scheme:      p.PollScheme,
 	}
 	ps.Dialect, _ = vllmstats.ParseDialect(p.Engine) // checked by Validate
-	if ps.Interval <= 0 {
-		ps.Interval = time.Second
-	}
-	if ps.Timeout <= 0 {
-		ps.Timeout = ps.Interval * 4 / 5
-	}
-	if ps.FailAfter <= 0 {
-		ps.FailAfter = 3
-	}
-	if ps.MetricsPath == "" {
-		ps.MetricsPath = "/metrics"
-	}
-	if ps.Scheme == "" {
-		ps.Scheme = "http"
-	}
-	return ps
+	return ps.withDefaults()
 }
 
 // Provision joins (or creates) the model's shared state and applies this

@@ -23,7 +23,7 @@ type routeState struct {
 	refused     bool       // the admission queue was full: answered 429
 	detached    bool       // routed without the handler: the slot is freed with the request context
 	rb          replayBody // the request body the handler read and put back (rb.b != nil), rewound on retries
-	maxBody     int64      // the handler's max_body (0: defaultMaxBody)
+	maxBody     int64      // the handler's max_body (0: DefaultMaxBody)
 	bodyErr     error      // reading the rest of the body failed (a caddyhttp.HandlerError): answered so
 	ntried      int
 	tried       [4]string // replicas chosen for this request so far

@@ -64,6 +64,36 @@ type pollSettings struct {
 	Dialect     vllmstats.Dialect
 }
 
+// The poller's defaults (poll_interval, poll_timeout, fail_after,
+// metrics_path, poll_scheme).
+const (
+	DefaultPollInterval = time.Second
+	DefaultFailAfter    = 3
+	DefaultMetricsPath  = "/metrics"
+	DefaultPollScheme   = "http"
+)
+
+// withDefaults fills the settings left zero; the timeout defaults to four
+// fifths of the interval, so a poll is given up before the next is due.
+func (ps pollSettings) withDefaults() pollSettings {
+	if ps.Interval <= 0 {
+		ps.Interval = DefaultPollInterval
+	}
+	if ps.Timeout <= 0 {
+		ps.Timeout = ps.Interval * 4 / 5
+	}
+	if ps.FailAfter <= 0 {
+		ps.FailAfter = DefaultFailAfter
+	}
+	if ps.MetricsPath == "" {
+		ps.MetricsPath = DefaultMetricsPath
+	}
+	if ps.Scheme == "" {
+		ps.Scheme = DefaultPollScheme
+	}
+	return ps
+}
+
 // modelState is the runtime of one model: its router, poller and token
 // accountant.
 type modelState struct {

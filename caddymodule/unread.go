@@ -59,7 +59,7 @@ func (st *routeState) unread(r *http.Request) bool {
 func (st *routeState) readRest(w http.ResponseWriter, r *http.Request) error {
 	maxBody := st.maxBody
 	if maxBody <= 0 {
-		maxBody = defaultMaxBody
+		maxBody = DefaultMaxBody
 	}
 	var rc *http.ResponseController
 	if w != nil {

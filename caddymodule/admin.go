@@ -383,37 +383,27 @@ type ReplicaRow struct {
 	// read as (vllm, sglang, llamacpp, tgi): configured or detected; "" until
 	// known. MetricsUnread says why its last /metrics, answered with 200,
 	// gave no figures (the replica stays available, its figures unknown).
-	Engine           string     `json:"engine"`
-	MetricsUnread    string     `json:"metrics_unread,omitempty"`
-	LastSeen         *time.Time `json:"last_seen"`
-	Held             int        `json:"held"`
-	Sticky           uint64     `json:"sticky"`
-	StayedOverloaded uint64     `json:"stayed_overloaded"`
-	Placed           uint64     `json:"placed"`
-	SpillAccepted    uint64     `json:"spill_accepted"`
-	// SpillDeclined counts turns that stayed here over the threshold
-	// because moving was not expected to bring their first token sooner.
-	SpillDeclined uint64 `json:"spill_declined"`
+	Engine        string     `json:"engine"`
+	MetricsUnread string     `json:"metrics_unread,omitempty"`
+	LastSeen      *time.Time `json:"last_seen"`
+	Held          int        `json:"held"`
+	// The router's counters, by their json names: sticky (turns that
+	// stayed, including those that stayed over the threshold),
+	// stayed_overloaded, spill_declined (stayed over the threshold because
+	// moving was not expected to bring the first token sooner), placed,
+	// spill_accepted, client_pinned, re_placed, restarted (placed anew
+	// because their start changed: compacted or cleared), side (side
+	// requests: another start under a bound conversation's key, a session
+	// title, a summary, a probe, which moved no conversation),
+	// cold_replaced (placed here because their replica no longer held
+	// their cache), affinity_off, no_key, cold_marked (bindings here found
+	// cold: the replica restarted since their last turn) and ended
+	// (bindings dropped because the client ended the session); see
+	// placement.Counters.
+	placement.Counters
 	// PrefillRate is the prefill rate learned from the turns here, in
 	// tokens per second; null before one was learned.
-	PrefillRate  *float64 `json:"prefill_rate"`
-	ClientPinned uint64   `json:"client_pinned"`
-	Replaced     uint64   `json:"re_placed"`
-	AffinityOff  uint64   `json:"affinity_off"`
-	NoKey        uint64   `json:"no_key"`
-	// Restarted counts conversations placed here anew because their start
-	// changed under the same key (compacted or cleared); ColdReplaced those
-	// placed here because their replica no longer held their cache;
-	// ColdMarked the bindings here found cold (the replica restarted
-	// since their last turn); Ended the bindings here dropped
-	// because the client ended the session; Side the side requests routed
-	// here (another start under a bound conversation's key: a session
-	// title, a summary, a probe), which moved no conversation.
-	Restarted    uint64 `json:"restarted"`
-	Side         uint64 `json:"side"`
-	ColdReplaced uint64 `json:"cold_replaced"`
-	ColdMarked   uint64 `json:"cold_marked"`
-	Ended        uint64 `json:"ended"`
+	PrefillRate *float64 `json:"prefill_rate"`
 	// Cached tokens of the sticky turns here: predicted by the binding
 	// (the previous turn's prompt minus one block) and delivered by the
 	// engine (capped at the prediction), and the delivered share; the
@@ -501,10 +491,7 @@ func buildCard(m *modelState, now time.Time) Card {
 	for _, r := range s.Replicas {
 		row := ReplicaRow{
 			ID: r.ID, Available: r.Available, Out: r.Out.Names(), ProxyFailures: r.ProxyFailures, Held: r.InFlight,
-			Sticky: r.Sticky, StayedOverloaded: r.StayedOverloaded, Placed: r.Placed,
-			SpillAccepted: r.SpillAccepted, SpillDeclined: r.SpillDeclined, ClientPinned: r.ClientPinned, Replaced: r.Replaced,
-			AffinityOff: r.AffinityOff, NoKey: r.NoKey, Bindings: r.Bindings, Active: r.Active, Paused: r.Paused,
-			Restarted: r.Restarted, Side: r.Side, ColdReplaced: r.ColdReplaced, ColdMarked: r.ColdMarked, Ended: r.Ended,
+			Counters: r.Counters, Bindings: r.Bindings, Active: r.Active, Paused: r.Paused,
 			PredictedCached: r.PredictedTokens, DeliveredCached: r.DeliveredTokens,
 			WorkingSetTokens: r.WorkingSet, Full: r.Full,
 		}

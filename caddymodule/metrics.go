@@ -3,6 +3,8 @@ package caddymodule
 import (
 	"errors"
 	"fmt"
+	"reflect"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -18,7 +20,7 @@ type collector struct{}
 
 var (
 	descRequests = prometheus.NewDesc("lm_warden_requests_total",
-		"Requests routed, by the replica chosen and the reason (sticky, stayed-overloaded, spill-declined, placed, spilled, client-pinned, re-placed, restarted, side, cold-replaced, affinity-off, no-key).",
+		"Requests routed, by the replica chosen and the reason ("+reasonNames()+").",
 		[]string{"model", "replica", "reason"}, nil)
 	descInFlight = prometheus.NewDesc("lm_warden_in_flight",
 		"Requests in flight through the router.",
@@ -154,24 +156,12 @@ func (collector) Collect(ch chan<- prometheus.Metric) {
 		counter(descAdmissionCancelled, float64(a.Cancelled), m.name)
 		counter(descPausedTotal, float64(a.PausedTotal), m.name)
 		for _, r := range rs.Replicas {
-			for _, c := range [...]struct {
-				reason string
-				n      uint64
-			}{
-				{"sticky", r.Sticky - min(r.Sticky, r.StayedOverloaded+r.SpillDeclined)},
-				{"stayed-overloaded", r.StayedOverloaded},
-				{"spill-declined", r.SpillDeclined},
-				{"placed", r.Placed},
-				{"spilled", r.SpillAccepted},
-				{"client-pinned", r.ClientPinned},
-				{"re-placed", r.Replaced},
-				{"restarted", r.Restarted},
-				{"side", r.Side},
-				{"cold-replaced", r.ColdReplaced},
-				{"affinity-off", r.AffinityOff},
-				{"no-key", r.NoKey},
-			} {
-				counter(descRequests, float64(c.n), m.name, r.ID, c.reason)
+			// sticky counts the turns that stayed over the threshold too;
+			// they have reasons of their own
+			counter(descRequests, float64(r.Sticky-min(r.Sticky, r.StayedOverloaded+r.SpillDeclined)), m.name, r.ID, "sticky")
+			cv := reflect.ValueOf(r.Counters)
+			for _, c := range reasonCounters {
+				counter(descRequests, float64(cv.Field(c.field).Uint()), m.name, r.ID, c.reason)
 			}
 			gauge(descInFlight, float64(r.InFlight), m.name, r.ID)
 			gauge(descReplicaBindings, float64(r.Bindings), m.name, r.ID)
@@ -256,3 +246,30 @@ func registerMetrics(reg *prometheus.Registry) error {
 
 // Interface guards
 var _ prometheus.Collector = collector{}
+
+// reasonCounters are the placement.Counters that count requests by the
+// reason of lm_warden_requests_total their reason tag names.
+var reasonCounters = func() (out []struct {
+	reason string
+	field  int
+}) {
+	t := reflect.TypeFor[placement.Counters]()
+	for i := range t.NumField() {
+		if reason := t.Field(i).Tag.Get("reason"); reason != "" {
+			out = append(out, struct {
+				reason string
+				field  int
+			}{reason, i})
+		}
+	}
+	return out
+}()
+
+// reasonNames lists the reasons of lm_warden_requests_total.
+func reasonNames() string {
+	names := []string{"sticky"}
+	for _, c := range reasonCounters {
+		names = append(names, c.reason)
+	}
+	return strings.Join(names, ", ")
+}

@@ -4,10 +4,13 @@ import (
 	"fmt"
 	"math"
 	"net/url"
+	"reflect"
 	"strings"
 	"time"
 
 	"github.com/dustin/go-humanize"
+
+	"github.com/lmwarden/caddy-lmwarden/placement"
 )
 
 // The view documents: what the page renders, built in Go from the admin
@@ -46,36 +49,51 @@ type uiCardView struct {
 }
 
 // uiColumn is one column of the card's replica table. The page draws the
-// table's head and every row's cells from the view's list, in its order,
-// so a new counter is one entry here and one cell in buildCardView.
+// table's head and every row's cells from the view's list, in its order.
+// A column whose key is the json name of a placement.Counters field shows
+// that counter (uiCounterCells); others have a cell of their own in
+// buildCardView.
 type uiColumn struct {
 	Key   string `json:"key"`   // the cell's key in uiReplicaRow.Cells
 	Label string `json:"label"` // the column's heading
 	Title string `json:"title,omitempty"`
 	Group string `json:"group"` // the heading above a run of columns
+	// Doc is the column's row in the README's table of counters
+	// (markdown), when it says more than Title; the page does not send it.
+	Doc string `json:"-"`
 }
 
 // uiReplicaColumns are the replica table's columns after the replica's
 // name, in the order an operator reads them in an incident: whether the
 // replica can be chosen, how loaded it is, how well its cache serves, and
-// what the router decided.
+// what the router decided. The README's table of the card's counters is
+// written from this list and placement.Counters (TestREADMECounters).
 var uiReplicaColumns = []uiColumn{
 	{Key: "state", Label: "Status", Group: "Status",
-		Title: "available, or out and why (poll failure, proxy errors with the cool-down's end, health check); unreachable when its metrics cannot be read"},
+		Title: "available, or out and why (poll failure, proxy errors with the cool-down's end, health check); unreachable when its metrics cannot be read",
+		Doc:   "whether the replica can be chosen now: *available*; *out* and why (poll failure, proxy errors with the cool-down's end, health check, marked unavailable; see *When a replica fails*); *unreachable* when the last `fail_after` polls failed, with the last error and when it was last seen (`reachable`, `last_error`, `last_seen`, `out`, `cooldown_until`, `proxy_failures` in the JSON); then the engine its metrics name and, when some are missing, which figures it does not give"},
 	{Key: "held", Label: "Held", Group: "Load", Title: "requests in flight through this router on the replica"},
-	{Key: "run_wait", Label: "Running / waiting", Group: "Load", Title: "the engine's num_requests_running / num_requests_waiting"},
-	{Key: "kv", Label: "KV in use", Group: "Load", Title: "the engine's KV cache usage"},
+	{Key: "run_wait", Label: "Running / waiting", Group: "Load", Title: "the engine's num_requests_running / num_requests_waiting",
+		Doc: "vLLM's `num_requests_running` / `num_requests_waiting`"},
+	{Key: "kv", Label: "KV in use", Group: "Load", Title: "the engine's KV cache usage",
+		Doc: "vLLM's `kv_cache_usage_perc` (or the legacy `gpu_cache_usage_perc`), 0–100 %"},
 	{Key: "working_set", Label: "Working set / KV", Group: "Load",
-		Title: "context held by the conversations admission counts on the replica (each at what conversations grow to) against its KV cache; full while it takes no new conversation"},
-	{Key: "hit", Label: "Prefix hit rate", Group: "Cache", Title: "cached / queried prompt tokens over the last minute, the engine's counters"},
+		Title: "context held by the conversations admission counts on the replica (each at what conversations grow to) against its KV cache; full while it takes no new conversation",
+		Doc:   "the context of the conversations admission counts on this replica (a turn within the admission window, each at what conversations grow to) against its KV cache in tokens, and the KV its engine reports in use (\"engine 12 k\"; `engine_kv_tokens` in the JSON, beside `recent_hits` and `busy`); \"full\" while it takes no new conversation (see *Working-set admission*)"},
+	{Key: "hit", Label: "Prefix hit rate", Group: "Cache", Title: "cached / queried prompt tokens over the last minute, the engine's counters",
+		Doc: "Δ`prefix_cache_hits` / Δ`prefix_cache_queries` over the last minute (and since start in the JSON), \"idle\" for a minute without queries; a counter that drops is a replica restart: a new baseline, never negative traffic"},
 	{Key: "delivered", Label: "Delivered / predicted", Group: "Cache",
-		Title: "cached tokens the engine delivered on sticky turns, as a share of what the bindings predicted"},
+		Title: "cached tokens the engine delivered on sticky turns, as a share of what the bindings predicted",
+		Doc:   "cached tokens the engine delivered on this replica's sticky turns (each capped at its prediction) as a share of what their bindings predicted, with both token counts"},
 	{Key: "bindings", Label: "Bindings (recent)", Group: "Decisions",
-		Title: "conversations bound to the replica (of those, with a turn within active_window; and paused at a turn boundary, whose next turn waits until room comes round again: time-slicing, rotate_turns)"},
-	{Key: "sticky", Label: "Sticky", Group: "Decisions", Title: "turns that stayed on their replica"},
+		Title: "conversations bound to the replica (of those, with a turn within active_window; and paused at a turn boundary, whose next turn waits until room comes round again: time-slicing, rotate_turns)",
+		Doc:   "conversations bound to this replica (of those, with a turn within `active_window`: `active` in the JSON, used when placing new ones; and those paused at a turn boundary, whose next turn waits until room comes round again, see *Time-slicing*: \"12 (3 recent, 2 paused)\", `paused` per replica and `admission.paused` / `paused_total` / `queued_turns` / `rotate_turns` in the JSON)"},
+	{Key: "sticky", Label: "Sticky", Group: "Decisions", Title: "turns that stayed on their replica",
+		Doc: "turns that stayed on their replica, spill-declined included (`stayed_overloaded` in the JSON: of those, turns that stayed although the replica was over the threshold)"},
 	{Key: "spill_accepted", Label: "Spill-accepted", Group: "Decisions", Title: "conversations moved here from a replica over the spill threshold"},
 	{Key: "spill_declined", Label: "Spill-declined", Group: "Decisions",
-		Title: "turns that stayed over the spill threshold: moving was not expected to bring their first token sooner"},
+		Title: "turns that stayed over the spill threshold: moving was not expected to bring their first token sooner",
+		Doc:   "of the sticky turns, those over the threshold that stayed because moving was not expected to bring their first token sooner (the count's text adds the last estimates)"},
 	{Key: "client_pinned", Label: "Client-pinned", Group: "Decisions", Title: "requests a client pinned here"},
 	{Key: "restarted", Label: "Restarted", Group: "Decisions", Title: "conversations placed anew because their start changed (compacted, cleared)"},
 	{Key: "side", Label: "Side", Group: "Decisions", Title: "side requests: another start under a bound conversation's key (a session title, a summary, a probe), routed without moving the conversation"},
@@ -219,27 +237,47 @@ func buildCardView(doc Card, now time.Time) uiCardView {
 		v.Replicas = append(v.Replicas, uiReplicaRow{
 			ID: r.ID,
 			OK: ok,
-			Cells: map[string]uiVal{
+			Cells: uiCounterCells(r.Counters, map[string]uiVal{
 				"held":           uiCount(r.Held),
-				"sticky":         uiCount(r.Sticky),
-				"spill_accepted": uiCount(r.SpillAccepted),
 				"spill_declined": uiSpillDeclined(r.SpillDeclined, r.ID, doc.RecentSpills),
-				"client_pinned":  uiCount(r.ClientPinned),
 				"run_wait":       {V: []*int{r.Running, r.Waiting}, T: uiOptCount(r.Running) + " / " + uiOptCount(r.Waiting)},
 				"kv":             uiOptPct(r.KVUsage),
 				"hit":            uiHit(r),
 				"delivered":      uiDelivered(r.DeliveredShare, r.DeliveredCached, r.PredictedCached),
-				"restarted":      uiCount(r.Restarted),
-				"side":           uiCount(r.Side),
-				"cold_replaced":  uiCount(r.ColdReplaced),
-				"ended":          uiCount(r.Ended),
 				"bindings":       uiBindings(r),
 				"working_set":    uiWorkingSet(r.WorkingSetTokens, r.KVCapacityTokens, r.EngineKVTokens, r.Full),
 				"state":          state,
-			},
+			}),
 		})
 	}
 	return v
+}
+
+// uiCounterFields maps the json name of each placement.Counters field to
+// its index.
+var uiCounterFields = func() map[string]int {
+	t := reflect.TypeFor[placement.Counters]()
+	m := make(map[string]int, t.NumField())
+	for i := range t.NumField() {
+		m[t.Field(i).Tag.Get("json")] = i
+	}
+	return m
+}()
+
+// uiCounterCells adds to cells, for every column named after a counter
+// (its json name) that cells has no rendering of its own for, the
+// counter as a count.
+func uiCounterCells(n placement.Counters, cells map[string]uiVal) map[string]uiVal {
+	v := reflect.ValueOf(n)
+	for _, c := range uiReplicaColumns {
+		if _, done := cells[c.Key]; done {
+			continue
+		}
+		if i, ok := uiCounterFields[c.Key]; ok {
+			cells[c.Key] = uiCount(v.Field(i).Uint())
+		}
+	}
+	return cells
 }
 
 // uiReplicaState renders whether a replica can be chosen: "available";

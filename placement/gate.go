@@ -45,7 +45,7 @@ func (r *Router) touched(e int32, now int64) { r.toFront(e, now) }
 func (r *Router) place(h, start uint64, p *replica, est int64, now int64) Decision {
 	e := r.insert(h, p, now, start)
 	r.adm.estimated(e, est)
-	p.placed++
+	p.n.Placed++
 	return r.take(p, ReasonPlaced, e)
 }
 
@@ -57,7 +57,7 @@ func (r *Router) stuck(e int32, p *replica, now int64) Decision {
 func (r *Router) moved(e int32, p *replica, now int64) Decision {
 	r.keyed++
 	r.rebind(e, p, now)
-	p.replaced++
+	p.n.Replaced++
 	return r.take(p, ReasonReplaced, e)
 }
 

@@ -121,7 +121,7 @@ func (r *Router) ColdReplicaSince(id string, since time.Time) int {
 		}
 		if en.flags&flagCold == 0 {
 			en.flags |= flagCold
-			p.coldMarked++
+			p.n.ColdMarked++
 			n++
 		}
 	}
@@ -139,7 +139,7 @@ func (r *Router) End(key string, now time.Time) bool {
 	if e == nilIdx {
 		return false
 	}
-	r.reps[r.b.ents[e].rep].ended++
+	r.reps[r.b.ents[e].rep].n.Ended++
 	r.removeEntry(e)
 	if len(r.adm.queue) > 0 {
 		r.adm.admitQueued(r.clock) // its room is free

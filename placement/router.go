@@ -290,13 +290,10 @@ type replica struct {
 	head, tail, activeTail int32
 	bindings, active       int
 
-	sticky, stayed, placed, spill, pinned, replaced, affOff, noKey uint64
-	declined                                                       uint64 // turns that stayed over the threshold: moving did not pay
-	cost                                                           cost   // the spill cost model's figures (spill.go)
+	n    Counters // what was decided here (snapshot.go)
+	cost cost     // the spill cost model's figures (spill.go)
 
-	restarted, coldReplaced, ended, coldMarked uint64
-	side                                       uint64 // side requests routed here (side.go)
-	measured, predicted, delivered             uint64 // sticky turns with a prediction, and their tokens
+	measured, predicted, delivered uint64 // sticky turns with a prediction, and their tokens
 
 	exclEpoch uint64 // equals Router.exclEpoch when excluded for the current request
 
@@ -638,7 +635,7 @@ func (r *Router) route(req Request, queue bool) (Decision, *Ticket, error) {
 			if affinity {
 				prev, e = r.bind(h, p, now, req.Start)
 			}
-			p.pinned++
+			p.n.ClientPinned++
 			d := r.take(p, ReasonClientPinned, e)
 			d.Previous = prev
 			return d, nil, nil
@@ -652,9 +649,9 @@ func (r *Router) route(req Request, queue bool) (Decision, *Ticket, error) {
 		reason := ReasonNoKey
 		if r.cfg.AffinityOff {
 			reason = ReasonAffinityOff
-			p.affOff++
+			p.n.AffinityOff++
 		} else {
-			p.noKey++
+			p.n.NoKey++
 		}
 		return r.take(p, reason, nilIdx), nil, nil
 	}
@@ -746,7 +743,7 @@ func (r *Router) overThreshold(e int32, bound *replica, tokens int, now int64) D
 		p = r.spillTarget(e, bound, now, func(*replica) bool { return true })
 	}
 	if p == nil {
-		bound.stayed++
+		bound.n.StayedOverloaded++
 		return r.stay(e, bound, now, ReasonStayedOverloaded)
 	}
 	c, ok := r.pays(e, bound, p, tokens, now)
@@ -755,10 +752,10 @@ func (r *Router) overThreshold(e int32, bound *replica, tokens int, now int64) D
 	}
 	var d Decision
 	if under {
-		bound.declined++
+		bound.n.SpillDeclined++
 		d = r.stay(e, bound, now, ReasonSpillDeclined)
 	} else {
-		bound.stayed++
+		bound.n.StayedOverloaded++
 		d = r.stay(e, bound, now, ReasonStayedOverloaded)
 	}
 	d.Stay, d.Move = c.Stay, c.Move
@@ -816,7 +813,7 @@ func (r *Router) placeNew(req Request, h, parent uint64, now int64, queue bool) 
 	e := r.insert(h, p, now, req.Start)
 	r.adm.estimated(e, est)
 	p.addBacklog(int64(req.Tokens)-int64(p.base), now)
-	p.placed++
+	p.n.Placed++
 	return r.take(p, ReasonPlaced, e), nil, nil
 }
 
@@ -834,7 +831,7 @@ func (r *Router) spillTarget(e int32, from *replica, now int64, ok func(*replica
 // recomputes c.Context tokens.
 func (r *Router) spill(e int32, from, p *replica, c SpillCost, now int64) Decision {
 	r.rebind(e, p, now)
-	p.spill++
+	p.n.SpillAccepted++
 	p.addBacklog(int64(c.Context), now)
 	d := r.take(p, ReasonSpilled, e)
 	d.Previous, d.Stay, d.Move = from.id, c.Stay, c.Move
@@ -864,13 +861,13 @@ func (r *Router) replace(e int32, from *replica, now int64, reason Reason) (Deci
 	r.rebind(e, p, now)
 	switch reason {
 	case ReasonRestarted:
-		p.restarted++
+		p.n.Restarted++
 	case ReasonColdReplaced:
 		r.keyed++
-		p.coldReplaced++
+		p.n.ColdReplaced++
 	default:
 		r.keyed++
-		p.replaced++
+		p.n.Replaced++
 	}
 	d := r.take(p, reason, e)
 	if p != from {
@@ -883,7 +880,7 @@ func (r *Router) replace(e int32, from *replica, now int64, reason Reason) (Deci
 func (r *Router) stay(e int32, p *replica, now int64, reason Reason) Decision {
 	r.touch(e, now)
 	r.sticky++
-	p.sticky++
+	p.n.Sticky++
 	return r.take(p, reason, e)
 }
 

@@ -52,7 +52,7 @@ func (r *Router) sideRoute(e int32, bound *replica, s uint64, remember bool) (De
 	if remember {
 		r.rememberSide(e, s, p.idx)
 	}
-	p.side++
+	p.n.Side++
 	return r.take(p, ReasonSide, nilIdx), nil
 }
 
@@ -126,7 +126,7 @@ func (r *Router) restartAt(e int32, bound, at *replica, s uint64, now int64) (De
 	}
 	en.flags &^= flagReplace | flagCold
 	r.rebind(e, at, now)
-	at.restarted++
+	at.n.Restarted++
 	d := r.take(at, ReasonRestarted, e)
 	if at != bound {
 		d.Previous = bound.id

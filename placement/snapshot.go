@@ -41,21 +41,9 @@ type ReplicaSnapshot struct {
 	ProxyFailures uint64 // requests reported failed at it (Decision.Failed)
 	InFlight      int    // requests held through this router now
 
-	Sticky           uint64 // turns that stayed (including StayedOverloaded)
-	StayedOverloaded uint64 // stayed because every other replica was over the threshold too
-	Placed           uint64 // new conversations placed here
-	SpillAccepted    uint64 // conversations moved here from a replica over the threshold
-	SpillDeclined    uint64 // turns that stayed here over the threshold: moving did not pay (ReasonSpillDeclined)
-	ClientPinned     uint64 // requests the client pinned here
-	Replaced         uint64 // conversations moved here because their replica went away
-	AffinityOff      uint64 // per-request picks with affinity off
-	NoKey            uint64 // per-request picks for requests without a key
-
-	Restarted    uint64 // conversations placed here after their start changed (compacted, cleared)
-	Side         uint64 // side requests routed here: another start under a bound conversation's key, not moving it
-	ColdReplaced uint64 // conversations placed here because their replica's cache was found gone
-	ColdMarked   uint64 // bindings here marked cold (delivered far below predicted, or the replica restarted)
-	Ended        uint64 // bindings here dropped because the client ended the session
+	// What the router decided for the requests it routed here, and what
+	// became of the bindings here.
+	Counters
 
 	// Sticky turns here with a prediction (Feedback), the cached tokens
 	// predicted for them and the cached tokens delivered (each turn's
@@ -88,6 +76,42 @@ type ReplicaSnapshot struct {
 	// DefaultTurnTime apply).
 	PrefillRate float64
 	TurnTime    time.Duration
+}
+
+// Counters are a replica's event counters since the Router was created.
+// Each is one key of a replica's row in the card's JSON (its json name)
+// and, through that key, one column of the card's table where the column
+// list names it (a doc tag says what one without a column counts, for the
+// README); one with a reason is also the requests with that reason in
+// lm_warden_requests_total. A counter added here reaches the JSON and the
+// metrics by itself.
+type Counters struct {
+	// Turns that stayed, including StayedOverloaded and SpillDeclined.
+	Sticky           uint64 `json:"sticky"`
+	StayedOverloaded uint64 `json:"stayed_overloaded" reason:"stayed-overloaded" doc:"of the sticky turns, those that stayed although the replica was over the threshold: every other replica was too"`
+	// Turns that stayed here over the threshold: moving did not pay
+	// (ReasonSpillDeclined).
+	SpillDeclined uint64 `json:"spill_declined" reason:"spill-declined"`
+	Placed        uint64 `json:"placed" reason:"placed" doc:"new conversations placed here"`
+	// Conversations moved here from a replica over the threshold.
+	SpillAccepted uint64 `json:"spill_accepted" reason:"spilled"`
+	ClientPinned  uint64 `json:"client_pinned" reason:"client-pinned"` // requests the client pinned here
+	Replaced      uint64 `json:"re_placed" reason:"re-placed" doc:"conversations moved here because their replica went away or failed, or a paused conversation resumed here from another"`
+	// Conversations placed here after their start changed (compacted,
+	// cleared).
+	Restarted uint64 `json:"restarted" reason:"restarted"`
+	// Side requests routed here: another start under a bound
+	// conversation's key, not moving it.
+	Side uint64 `json:"side" reason:"side"`
+	// Conversations placed here because their replica's cache was found
+	// gone.
+	ColdReplaced uint64 `json:"cold_replaced" reason:"cold-replaced"`
+	AffinityOff  uint64 `json:"affinity_off" reason:"affinity-off" doc:"per-request picks with affinity off"`
+	NoKey        uint64 `json:"no_key" reason:"no-key" doc:"per-request picks for requests without a conversation key"`
+
+	ColdMarked uint64 `json:"cold_marked" doc:"bindings here marked cold: delivered far below predicted, or the replica restarted since their last turn"`
+	// Bindings here dropped because the client ended the session.
+	Ended uint64 `json:"ended"`
 }
 
 // DeliveredShare is DeliveredTokens / PredictedTokens; 0 when nothing was
@@ -141,10 +165,8 @@ func (r *Router) Snapshot() Snapshot {
 		}
 		s.Replicas = append(s.Replicas, ReplicaSnapshot{
 			ID: p.id, Available: out == 0, Out: out, CooldownUntil: until, ProxyFailures: p.proxyFails,
-			InFlight: int(p.inflight.Load()),
-			Sticky:   p.sticky, StayedOverloaded: p.stayed, Placed: p.placed, SpillAccepted: p.spill, SpillDeclined: p.declined,
-			ClientPinned: p.pinned, Replaced: p.replaced, AffinityOff: p.affOff, NoKey: p.noKey,
-			Restarted: p.restarted, Side: p.side, ColdReplaced: p.coldReplaced, ColdMarked: p.coldMarked, Ended: p.ended,
+			InFlight:      int(p.inflight.Load()),
+			Counters:      p.n,
 			MeasuredTurns: p.measured, PredictedTokens: p.predicted, DeliveredTokens: p.delivered,
 			Bindings: p.bindings, Active: p.active, Paused: r.adm.pausedOn(p), Load: p.load,
 			WorkingSet: ws, Capacity: c, Full: p.full,

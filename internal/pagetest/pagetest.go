@@ -24,6 +24,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/lmwarden/caddy-lmwarden/caddymodule"
+	"github.com/lmwarden/caddy-lmwarden/placement"
 	"github.com/lmwarden/caddy-lmwarden/vllmstats"
 )
 
@@ -58,7 +59,7 @@ func New(now time.Time) *Fixture {
 		id := fmt.Sprintf("127.0.0.1:800%d", i+1)
 		f.card.Replicas = append(f.card.Replicas, caddymodule.ReplicaRow{
 			ID: id, Available: true, Reachable: true, LastSeen: &now, Held: i % 2,
-			Sticky: sticky[i], Placed: 4, SpillAccepted: uint64(i), ClientPinned: 0,
+			Counters: placement.Counters{Sticky: sticky[i], Placed: 4, SpillAccepted: uint64(i)},
 			Running: ptr(i % 2), Waiting: ptr(0), KVUsage: ptr(0.41 + float64(i)/10),
 			PrefixHitRate: ptr(hits[i]), PrefixHitRateTotal: ptr(hits[i] - 0.02), Bindings: 3, Active: 2,
 			Tokens: caddymodule.TokenCount{Cached: 123, Computed: 45, Generated: 67},

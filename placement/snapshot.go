@@ -111,7 +111,8 @@ type Counters struct {
 
 	ColdMarked uint64 `json:"cold_marked" doc:"bindings here marked cold: delivered far below predicted, or the replica restarted since their last turn"`
 	// Bindings here dropped because the client ended the session.
-	Ended uint64 `json:"ended"`
+	Ended   uint64 `json:"ended"`
+	Resumed uint64 `json:"resumed" doc:"paused conversations whose turn resumed here after waiting for room (time-slicing): sticky, or moved here (then also re_placed)"`
 }
 
 // DeliveredShare is DeliveredTokens / PredictedTokens; 0 when nothing was

@@ -132,6 +132,7 @@ func (a *admission) resume(e int32, p *replica, now int64) Decision {
 	en.flags &^= flagPaused
 	en.runs = 0
 	p.demandAt = 0 // it counts there again
+	p.n.Resumed++
 	if en.rep == p.idx {
 		return a.do.stuck(e, p, now)
 	}

@@ -98,6 +98,9 @@ func TestTimeSlicing(t *testing.T) {
 				if a := r.Admission(); a.Resumed != 1 || a.PausedWaitP50 != time.Second || a.PausedWaitP95 != time.Second {
 					t.Fatalf("resumed %d, paused waits p50 %v p95 %v; want 1, 1s, 1s", a.Resumed, a.PausedWaitP50, a.PausedWaitP95)
 				}
+				if rs := r.Snapshot().Replicas[0]; rs.Resumed != 1 {
+					t.Fatalf("r0 resumed %d; want 1", rs.Resumed)
+				}
 			},
 		},
 		{

@@ -348,18 +348,11 @@ func TestAdmissionUnknownCapacity(t *testing.T) {
 	}
 }
 
-// TestAdmissionTexts: the card's admission line, working-set cell and
-// warning, and the Retry-After of a refused request.
+// TestAdmissionTexts: the card's warning and the Retry-After of a refused
+// request (the admission line and the working-set cell are the page's:
+// internal/card's TestAdmissionCells).
 func TestAdmissionTexts(t *testing.T) {
-	wait := 12.5
-	cap36, eng12 := int64(36800), int64(12000)
 	for _, tc := range []struct{ name, got, want string }{
-		{"off", uiAdmission(AdmissionRow{}).T, "off"},
-		{"inactive", uiAdmission(AdmissionRow{On: true, Why: "no replicas"}).T, "not in force: no replicas"},
-		{"waiting", uiAdmission(AdmissionRow{On: true, Active: true, Waiting: 3, MeanWaitS: &wait, Refused: 2}).T, "on · 3 waiting (mean wait 12.5 s) · 2 refused"},
-		{"working set", uiWorkingSet(31200, &cap36, nil, true).T, "31.2 k of 36.8 k (84.8%) · full"},
-		{"working set beside the engine's", uiWorkingSet(31200, &cap36, &eng12, false).T, "31.2 k of 36.8 k (84.8%) · engine 12 k"},
-		{"working set, capacity unknown", uiWorkingSet(900, nil, nil, false).T, "900 of unknown"},
 		{"warning", overcommitMessage(placement.AdmissionSnapshot{On: true, Active: true, Waiting: 9, Strained: true,
 			WorkingSetTokens: 250000, WaitingTokens: 62000, CapacityTokens: 147200}),
 			"active conversations hold 312k tokens; the replicas cache 147k: expect low cache hits, admission is holding 9 conversations"},

@@ -489,7 +489,7 @@ func TestDataParallelRank(t *testing.T) {
 		tokens.Generated += r.Tokens.Generated
 	}
 	prompt, cached, gen := f.totals()
-	if tokens != (TokenCount{uint64(cached), uint64(prompt - cached), uint64(gen)}) {
+	if tokens != (TokenCount{Cached: uint64(cached), Computed: uint64(prompt - cached), Generated: uint64(gen)}) {
 		t.Errorf("card tokens %+v, upstream reported prompt %d cached %d generated %d", tokens, prompt, cached, gen)
 	}
 }
@@ -801,7 +801,7 @@ func TestStreamingOverHTTP2(t *testing.T) {
 	prompt, cached, gen := fs[0].totals()
 	waitFor(t, "usage recorded", func() bool {
 		r := cardRow(getCard(t, "h2"), fs[0].addr)
-		return r.Tokens == TokenCount{uint64(cached), uint64(prompt - cached), uint64(gen)}
+		return r.Tokens == TokenCount{Cached: uint64(cached), Computed: uint64(prompt - cached), Generated: uint64(gen)}
 	})
 }
 

@@ -23,7 +23,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
-	"github.com/lmwarden/caddy-lmwarden/caddymodule"
+	"github.com/lmwarden/caddy-lmwarden/internal/card"
 	"github.com/lmwarden/caddy-lmwarden/placement"
 	"github.com/lmwarden/caddy-lmwarden/vllmstats"
 )
@@ -31,38 +31,38 @@ import (
 // Model is the fixture's one model.
 const Model = "qwen3-4b"
 
-// Fixture is a caddymodule.PageSource of values a test controls. It also
+// Fixture is a card.Source of values a test controls. It also
 // answers the admin JSON paths the page reads and writes (ServeHTTP), the
 // way the admin API does, so the page's actions work against it. It is safe
 // for concurrent use.
 type Fixture struct {
 	mu    sync.Mutex
-	card  caddymodule.Card
-	stats caddymodule.Stats
+	doc   card.Card
+	stats card.Stats
 	acct  *vllmstats.Accountant
 }
 
 // New returns the reference card as of now, its hour of usage ending at now.
 func New(now time.Time) *Fixture {
 	since := now.Add(-2 * time.Hour).Truncate(time.Second)
-	f := &Fixture{card: caddymodule.Card{
+	f := &Fixture{doc: card.Card{
 		Model: Model, Affinity: true, SpillThreshold: 8, SpillAuto: true, MaxNumSeqs: 32,
 		StickyPct: 100, InFlight: 3, Requests: 1234567, KeyedRequests: 1200, Bindings: 12,
 		Since: since, Writable: true,
 	}}
 	sticky := []uint64{38, 21, 19, 29}
 	hits := []float64{0.822, 0.860, 0.690, 0.800}
-	f.stats = caddymodule.Stats{Model: Model, Start: now.Add(-3600 * time.Second), StepS: 1,
-		HourCachedShare: 0.78, Replicas: map[string]caddymodule.Series{}}
+	f.stats = card.Stats{Model: Model, Start: now.Add(-3600 * time.Second), StepS: 1,
+		HourCachedShare: 0.78, Replicas: map[string]card.Series{}}
 	sum := newSeries()
 	for i := range 4 {
 		id := fmt.Sprintf("127.0.0.1:800%d", i+1)
-		f.card.Replicas = append(f.card.Replicas, caddymodule.ReplicaRow{
+		f.doc.Replicas = append(f.doc.Replicas, card.ReplicaRow{
 			ID: id, Available: true, Reachable: true, LastSeen: &now, Held: i % 2,
 			Counters: placement.Counters{Sticky: sticky[i], Placed: 4, SpillAccepted: uint64(i)},
-			Running: ptr(i % 2), Waiting: ptr(0), KVUsage: ptr(0.41 + float64(i)/10),
+			Running:  ptr(i % 2), Waiting: ptr(0), KVUsage: ptr(0.41 + float64(i)/10),
 			PrefixHitRate: ptr(hits[i]), PrefixHitRateTotal: ptr(hits[i] - 0.02), Bindings: 3, Active: 2,
-			Tokens: caddymodule.TokenCount{Cached: 123, Computed: 45, Generated: 67},
+			Tokens: card.TokenCount{Cached: 123, Computed: 45, Generated: 67},
 		})
 		s := newSeries()
 		for j := 1800; j < 3600; j++ { // traffic over the last half hour
@@ -111,30 +111,30 @@ func New(now time.Time) *Fixture {
 // tokens.
 const DeliveryDip = 3000
 
-func newSeries() caddymodule.Series {
-	return caddymodule.Series{Cached: make([]uint64, 3600), Computed: make([]uint64, 3600), Generated: make([]uint64, 3600)}
+func newSeries() card.Series {
+	return card.Series{Cached: make([]uint64, 3600), Computed: make([]uint64, 3600), Generated: make([]uint64, 3600)}
 }
 
 func ptr[T any](v T) *T { return &v }
 
 // Edit changes the card under the fixture's lock.
-func (f *Fixture) Edit(change func(*caddymodule.Card)) {
+func (f *Fixture) Edit(change func(*card.Card)) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	change(&f.card)
+	change(&f.doc)
 }
 
 // Stats is the per-second hour the chart is recorded from (GET
 // /lm-warden/models/qwen3-4b/stats). The series are shared: read them only.
-func (f *Fixture) Stats() caddymodule.Stats {
+func (f *Fixture) Stats() card.Stats {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.stats
 }
 
-func (f *Fixture) modelList() caddymodule.ModelList {
-	c := f.card
-	return caddymodule.ModelList{Models: []caddymodule.ModelSummary{{
+func (f *Fixture) modelList() card.ModelList {
+	c := f.doc
+	return card.ModelList{Models: []card.ModelSummary{{
 		Model: c.Model, Affinity: c.Affinity, SpillThreshold: c.SpillThreshold, SpillAuto: c.SpillAuto,
 		StickyPct: c.StickyPct, InFlight: c.InFlight, Replicas: len(c.Replicas), Reachable: len(c.Replicas),
 		Bindings: c.Bindings, HourCachedShare: f.stats.HourCachedShare,
@@ -147,36 +147,36 @@ func notFound(format string, args ...any) error {
 	return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: err, Message: err.Error()}
 }
 
-// Models implements caddymodule.PageSource.
-func (f *Fixture) Models(time.Time) caddymodule.ModelList {
+// Models implements card.Source.
+func (f *Fixture) Models(time.Time) card.ModelList {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.modelList()
 }
 
-// Card implements caddymodule.PageSource.
-func (f *Fixture) Card(model string, _ time.Time) (caddymodule.Card, error) {
+// Card implements card.Source.
+func (f *Fixture) Card(model string, _ time.Time) (card.Card, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if model != f.card.Model {
-		return caddymodule.Card{}, notFound("unknown model %q", model)
+	if model != f.doc.Model {
+		return card.Card{}, notFound("unknown model %q", model)
 	}
-	return f.card, nil
+	return f.doc, nil
 }
 
-// Chart implements caddymodule.PageSource from the fixture's accountant.
-func (f *Fixture) Chart(model string, now time.Time, points int, replica string) (caddymodule.PageChart, error) {
+// Chart implements card.Source from the fixture's accountant.
+func (f *Fixture) Chart(model string, now time.Time, points int, replica string) (card.Chart, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if model != f.card.Model {
-		return caddymodule.PageChart{}, notFound("unknown model %q", model)
+	if model != f.doc.Model {
+		return card.Chart{}, notFound("unknown model %q", model)
 	}
 	c, ok := f.acct.Chart(now, points, replica)
 	if !ok {
-		return caddymodule.PageChart{}, notFound("no such replica %q in model %q", replica, model)
+		return card.Chart{}, notFound("no such replica %q in model %q", replica, model)
 	}
 	ids := slices.Sorted(maps.Keys(f.stats.Replicas))
-	return caddymodule.PageChart{Chart: c, Replicas: ids, HourCachedShare: f.stats.HourCachedShare}, nil
+	return card.Chart{Chart: c, Replicas: ids, HourCachedShare: f.stats.HourCachedShare}, nil
 }
 
 // ServeHTTP answers the admin JSON paths the page reads and writes: the
@@ -191,7 +191,7 @@ func (f *Fixture) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case p == "/lm-warden/models" && r.Method == http.MethodGet:
 		_ = enc.Encode(f.modelList())
 	case p == base && r.Method == http.MethodGet:
-		_ = enc.Encode(f.card)
+		_ = enc.Encode(f.doc)
 	case p == base+"/stats" && r.Method == http.MethodGet:
 		_ = enc.Encode(f.stats)
 	case p == base+"/affinity" && r.Method == http.MethodPut:
@@ -203,7 +203,7 @@ func (f *Fixture) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			_ = enc.Encode(map[string]string{"error": err.Error()})
 			return
 		}
-		f.card.Affinity = body.Affinity
+		f.doc.Affinity = body.Affinity
 		_ = enc.Encode(body)
 	case strings.HasPrefix(p, base+"/sessions/") && r.Method == http.MethodDelete:
 		_ = enc.Encode(map[string]bool{"unbound": true})
@@ -213,7 +213,7 @@ func (f *Fixture) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// Handler puts page (caddymodule.NewPage over the fixture, or any page
+// Handler puts page (card.New over the fixture, or any page
 // handler) and the fixture's admin JSON behind one handler, as the admin
 // endpoint does.
 func (f *Fixture) Handler(page http.Handler) http.Handler {

@@ -34,6 +34,7 @@ import (
 
 	"github.com/lmwarden/caddy-lmwarden/caddymodule"
 	"github.com/lmwarden/caddy-lmwarden/emulator"
+	"github.com/lmwarden/caddy-lmwarden/internal/card"
 	"github.com/lmwarden/caddy-lmwarden/internal/pagetest"
 )
 
@@ -341,7 +342,7 @@ func TestBrowserPageFixture(t *testing.T) {
 	ctx := newBrowserTab(t, 60*time.Second)
 	now := time.Now()
 	f := pagetest.New(now)
-	ts := httptest.NewServer(f.Handler(caddymodule.NewPage(f, browserRefresh)))
+	ts := httptest.NewServer(f.Handler(card.New(f, browserRefresh)))
 	t.Cleanup(ts.Close)
 
 	// The models list links to the card.
@@ -492,7 +493,7 @@ func TestBrowserCardWidths(t *testing.T) {
 	for _, n := range []int{4, 8} {
 		f := pagetest.New(now)
 		f.Edit(func(c *caddymodule.Card) { browserBusyCard(c, n, now) })
-		ts := httptest.NewServer(f.Handler(caddymodule.NewPage(f, browserRefresh)))
+		ts := httptest.NewServer(f.Handler(card.New(f, browserRefresh)))
 		if err := chromedp.Do(ctx, chromedp.Navigate(ts.URL+"/lm-warden/ui/qwen3-4b")); err != nil {
 			t.Fatal(err)
 		}
@@ -716,9 +717,9 @@ func browserTraffic(t *testing.T) time.Duration {
 // and checks in chromium that the page shows what the admin JSON says.
 func TestBrowserRoutingCard(t *testing.T) {
 	// Restored after Caddy has stopped (cleanups run last-in first-out).
-	refresh := caddymodule.PageRefresh
-	t.Cleanup(func() { caddymodule.PageRefresh = refresh })
-	caddymodule.PageRefresh = browserRefresh
+	refresh := card.Refresh
+	t.Cleanup(func() { card.Refresh = refresh })
+	card.Refresh = browserRefresh
 	long := browserTraffic(t)
 	ctx := newBrowserTab(t, 150*time.Second+long)
 

@@ -1,4 +1,4 @@
-package caddymodule
+package card
 
 import (
 	"fmt"
@@ -10,15 +10,25 @@ import (
 
 	"github.com/dustin/go-humanize"
 
+	"github.com/lmwarden/caddy-lmwarden/internal/bindstore"
 	"github.com/lmwarden/caddy-lmwarden/placement"
 )
 
 // The view documents: what the page renders, built in Go from the admin
-// documents (ui_source.go). The browser never formats a number: every value
+// documents (source.go). The browser never formats a number: every value
 // is carried twice, raw ("v") and humanised with go-humanize ("t").
 
 // uiVal is one displayed value: V is the raw value from the admin JSON, T
 // the text the page shows.
+// The view documents' types by name, for the tests of the packages that
+// serve the page.
+type (
+	ModelsView = uiModelsView
+	ModelRow   = uiModelRow
+	CardView   = uiCardView
+	StatsView  = uiStatsView
+)
+
 type uiVal struct {
 	V any    `json:"v"`
 	T string `json:"t"`
@@ -415,7 +425,7 @@ func uiDelivered(share *float64, delivered, predicted uint64) uiVal {
 		uiTokenCount(delivered).T + " of " + uiTokenCount(predicted).T + ")"}
 }
 
-func buildStatsView(model, replica string, ch PageChart) uiStatsView {
+func buildStatsView(model, replica string, ch Chart) uiStatsView {
 	points := min(len(ch.Cached), len(ch.Computed), len(ch.Generated))
 	secs := ch.Step.Seconds()
 	if secs <= 0 {
@@ -484,7 +494,7 @@ func uiNiceCeil(f float64) float64 {
 // uiStore renders the shared binding store's state, e.g. "redis
 // 10.0.0.9:6379 · connected · 0 errors · 0 fallbacks". Without a store the
 // card has no store line.
-func uiStore(st *StoreStatus) uiVal {
+func uiStore(st *bindstore.Status) uiVal {
 	state := "connected"
 	if !st.Connected {
 		state = "unreachable, routing with this instance's bindings"

@@ -1,4 +1,4 @@
-package caddymodule
+package card
 
 import (
 	"math"

@@ -1,4 +1,7 @@
-package caddymodule
+// Package card is the routing card and the stats page on Caddy's admin
+// endpoint: the admin API's documents, the view documents built from them
+// and the embedded page that renders those.
+package card
 
 import (
 	"bytes"
@@ -20,13 +23,12 @@ import (
 	"github.com/klauspost/compress/gzhttp"
 )
 
-// The routing card and the stats page.
-//
-// The admin module routes GET /lm-warden/ and /lm-warden/ui/… here. The page is
+// The admin module (caddymodule) routes GET /lm-warden/ and /lm-warden/ui/…
+// to a Server over the running models. The page is
 // one HTML shell (web/index.html, a template that only fills in relative asset
 // paths and the model name as data attributes) plus app.js and app.css, all
-// embedded. The browser polls small view documents (ui_views.go) built from
-// the admin documents read as Go values (ui_source.go).
+// embedded. The browser polls small view documents (views.go) built from
+// the admin documents (documents.go) read as Go values through a Source.
 //
 //	/lm-warden/                      all models (the same shell)
 //	/lm-warden/ui/                   all models
@@ -40,11 +42,9 @@ import (
 // HEAD) and compressed by klauspost/compress's gzhttp, the compression
 // library Caddy itself builds on.
 //
-// The page is three files of package caddymodule (ui_server.go, ui_views.go,
-// ui_source.go) rather than a package of its own because what it renders are
-// admin.go's document types (Card, ModelList); it reaches the running models
-// only through PageSource. NewPage serves the same page over any PageSource
-// (the pagetest package's fixed documents, or a program embedding the page).
+// The page is internal: caddymodule names the documents for the admin
+// API's users (type aliases), and New serves the page over any Source for
+// its tests and the browser tests (the pagetest package's fixed documents).
 //
 // Caddy's admin endpoint rejects browser requests whose Origin (or Referer)
 // is not an allowed origin, and every no-cors request: the shell therefore
@@ -130,13 +130,12 @@ func loadUIBundle(files fs.FS) (*uiBundle, error) {
 	return b, nil
 }
 
-// PageRefresh is how often the page polls its view documents, on the admin
-// endpoint and in a NewPage handler built without a refresh of its own. It is
-// a variable rather than a Caddyfile setting because it is the browser's
-// pace, not part of routing, and the admin endpoint's page belongs to no one
-// site's configuration. A test or a program embedding Caddy may change it
-// before Caddy starts serving; it is read without a lock.
-var PageRefresh = 2 * time.Second
+// Refresh is how often the page polls its view documents where its server
+// was built without a refresh of its own (the admin endpoint's). It is the
+// browser's pace, not part of routing, and the admin endpoint's page
+// belongs to no one site's configuration, so it is no setting; a test may
+// change it before the page is served (it is read without a lock).
+var Refresh = 2 * time.Second
 
 // uiShellData fills web/index.html.
 type uiShellData struct {
@@ -149,12 +148,12 @@ type uiShellData struct {
 	CSSVer  string
 }
 
-// uiServer serves the page from src; now is the clock of the views.
-type uiServer struct {
+// Server serves the page from src; now is the clock of the views.
+type Server struct {
 	bundle  *uiBundle
-	src     PageSource
+	src     Source
 	now     func() time.Time
-	refresh time.Duration // 0 → PageRefresh
+	refresh time.Duration // 0 → Refresh
 }
 
 // uiPrefix and uiRoot are the two paths the page is served under.
@@ -166,7 +165,7 @@ const (
 // ServeHTTP serves the page, its assets and its view documents, compressed
 // when the client takes it. Errors are caddy.APIError values, the admin
 // endpoint's own error shape, returned before anything is written.
-func (s *uiServer) ServeHTTP(w http.ResponseWriter, r *http.Request) error {
+func (s *Server) Serve(w http.ResponseWriter, r *http.Request) error {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		w.Header().Set("Allow", "GET, HEAD")
 		return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("method %s not allowed", r.Method)}
@@ -181,7 +180,7 @@ func (s *uiServer) ServeHTTP(w http.ResponseWriter, r *http.Request) error {
 	return err
 }
 
-func (s *uiServer) route(w http.ResponseWriter, r *http.Request) error {
+func (s *Server) route(w http.ResponseWriter, r *http.Request) error {
 	path := r.URL.EscapedPath()
 	switch {
 	case path == uiRoot || path == strings.TrimSuffix(uiRoot, "/"):
@@ -233,10 +232,10 @@ func uiNotFound(path string) error {
 	return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("no page at %s", path)}
 }
 
-func (s *uiServer) serveShell(w http.ResponseWriter, r *http.Request, d uiShellData) error {
+func (s *Server) serveShell(w http.ResponseWriter, r *http.Request, d uiShellData) error {
 	refresh := s.refresh
 	if refresh <= 0 {
-		refresh = PageRefresh
+		refresh = Refresh
 	}
 	d.Refresh = refresh.Milliseconds()
 	d.JSVer = s.bundle.assets["app.js"].hash
@@ -249,7 +248,7 @@ func (s *uiServer) serveShell(w http.ResponseWriter, r *http.Request, d uiShellD
 	return nil
 }
 
-func (s *uiServer) serveStatic(w http.ResponseWriter, r *http.Request, name string) error {
+func (s *Server) serveStatic(w http.ResponseWriter, r *http.Request, name string) error {
 	if name == "models.json" {
 		return writeUIJSON(w, buildModelsView(s.src.Models(s.now())))
 	}
@@ -283,47 +282,35 @@ func writeUIJSON(w http.ResponseWriter, v any) error {
 // uiEmbedded is the bundle of the embedded files, parsed on first use.
 var uiEmbedded = sync.OnceValues(func() (*uiBundle, error) { return loadUIBundle(uiFiles) })
 
-// uiDefault is the page server the admin routes use, built on first use.
-var uiDefault = sync.OnceValues(func() (*uiServer, error) {
+// NewServer returns the page over src, under the same paths as on Caddy's
+// admin endpoint (/lm-warden/ and /lm-warden/ui/…); refresh is how often
+// the page polls (0: Refresh) and now its views' clock. Its errors are
+// caddy.APIError values, as the admin endpoint renders them.
+func NewServer(src Source, refresh time.Duration, now func() time.Time) (*Server, error) {
 	b, err := uiEmbedded()
 	if err != nil {
 		return nil, caddy.APIError{HTTPStatus: http.StatusInternalServerError, Err: err}
 	}
-	return &uiServer{bundle: b, src: liveSource{}, now: time.Now}, nil
-})
-
-// serveUI serves GET /lm-warden/ and /lm-warden/ui/… on Caddy's admin
-// endpoint from the live models.
-func serveUI(w http.ResponseWriter, r *http.Request) error {
-	s, err := uiDefault()
-	if err != nil {
-		return err
-	}
-	return s.ServeHTTP(w, r)
+	return &Server{bundle: b, src: src, now: now, refresh: refresh}, nil
 }
 
-// NewPage returns the routing card and models page over src, under the
-// same paths as on Caddy's admin endpoint (/lm-warden/ and /lm-warden/ui/…),
-// for tests and for programs that embed the page next to their own copy of
-// the admin JSON API (the page's actions write to /lm-warden/models/…,
-// which NewPage does not serve). refresh is how often the page polls; 0
-// means PageRefresh. Errors are rendered as the admin endpoint renders a
-// caddy.APIError: its status and {"error": "..."}.
-func NewPage(src PageSource, refresh time.Duration) http.Handler {
-	b, err := uiEmbedded()
+// New returns the page over src as an http.Handler (see NewServer) that
+// renders its errors as the admin endpoint renders a caddy.APIError: its
+// status and {"error": "..."}. The page's actions write to
+// /lm-warden/models/…, which it does not serve.
+func New(src Source, refresh time.Duration) http.Handler {
+	s, err := NewServer(src, refresh, time.Now)
 	if err != nil {
-		return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-			writeAdminError(w, caddy.APIError{HTTPStatus: http.StatusInternalServerError, Err: err})
-		})
+		return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { writeAdminError(w, err) })
 	}
-	return uiHandler{&uiServer{bundle: b, src: src, now: time.Now, refresh: refresh}}
+	return uiHandler{s}
 }
 
-// uiHandler is a uiServer as an http.Handler, writing its errors.
-type uiHandler struct{ s *uiServer }
+// uiHandler is a Server as an http.Handler, writing its errors.
+type uiHandler struct{ s *Server }
 
 func (h uiHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if err := h.s.ServeHTTP(w, r); err != nil {
+	if err := h.s.Serve(w, r); err != nil {
 		writeAdminError(w, err)
 	}
 }

@@ -1,9 +1,9 @@
-package caddymodule_test
+package card_test
 
 // The page's tests over the pagetest fixture. They are an external test
-// package because pagetest imports caddymodule; the dot import is the one
-// the Go FAQ names for that case, and export_test.go lends them the
-// unexported view types and the page on a stopped clock.
+// package because pagetest imports card; the dot import is the one the Go
+// FAQ names for that case, and export_test.go lends them the unexported
+// view types and the page on a stopped clock.
 
 import (
 	"bytes"
@@ -14,12 +14,12 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
-	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	. "github.com/lmwarden/caddy-lmwarden/caddymodule"
+	"github.com/lmwarden/caddy-lmwarden/internal/bindstore"
+	. "github.com/lmwarden/caddy-lmwarden/internal/card"
 	"github.com/lmwarden/caddy-lmwarden/internal/pagetest"
 )
 
@@ -214,7 +214,7 @@ func TestUICardView(t *testing.T) {
 		{
 			name: "shared store connected",
 			change: func(c *Card) {
-				c.Store = &StoreStatus{Type: "redis", Address: "10.0.0.9:6379", Connected: true, Errors: 1234, Fallbacks: 5}
+				c.Store = &bindstore.Status{Type: "redis", Address: "10.0.0.9:6379", Connected: true, Errors: 1234, Fallbacks: 5}
 			},
 			head: map[string]string{"store": "redis 10.0.0.9:6379 · connected · 1,234 errors · 5 fallbacks"},
 			row:  0, cells: map[string]string{}, ok: true,
@@ -222,7 +222,7 @@ func TestUICardView(t *testing.T) {
 		{
 			name: "shared store out",
 			change: func(c *Card) {
-				c.Store = &StoreStatus{Type: "redis", Address: "10.0.0.9:6379", Errors: 3, Fallbacks: 40}
+				c.Store = &bindstore.Status{Type: "redis", Address: "10.0.0.9:6379", Errors: 3, Fallbacks: 40}
 			},
 			head: map[string]string{"store": "redis 10.0.0.9:6379 · unreachable, routing with this instance's bindings · 3 errors · 40 fallbacks"},
 			row:  0, cells: map[string]string{}, ok: true,
@@ -472,74 +472,6 @@ func FuzzUIPath(f *testing.F) {
 			t.Fatalf("%q: status %d: %s", path, rec.Code, rec.Body.String())
 		}
 	})
-}
-
-// TestUILiveSource serves the views of a live model (as the admin endpoint
-// finds it) and checks the chart against the accountant's per-second
-// series summed into 10 s points, the way the page has always drawn it.
-func TestUILiveSource(t *testing.T) {
-	now := time.Date(2026, 11, 30, 19, 0, 0, 500_000_000, time.UTC)
-	ser := LiveModelSeries(t, "ui-live/model", now)
-	h := NewPageAt(t, LiveSource, now)
-
-	models, resp := uiDecodeView[ModelsView](t, h, "/lm-warden/ui/-/models.json")
-	if resp.StatusCode != http.StatusOK || !slices.ContainsFunc(models.Models, func(r ModelRow) bool {
-		return r.Model == "ui-live/model" && r.Href == "ui-live%2Fmodel" && r.Cells["replicas"].V == float64(4)
-	}) {
-		t.Errorf("status %d, models %+v", resp.StatusCode, models.Models)
-	}
-
-	card, resp := uiDecodeView[CardView](t, h, "/lm-warden/ui/ui-live%2Fmodel/view.json")
-	if resp.StatusCode != http.StatusOK || card.Model != "ui-live/model" || len(card.Replicas) != 4 || card.Replicas[0].ID != "127.0.0.1:8001" {
-		t.Fatalf("status %d, card %+v", resp.StatusCode, card)
-	}
-
-	for _, replica := range []string{"", "127.0.0.1:8003"} {
-		sum := ser.Sum
-		if replica != "" {
-			sum = ser.Replicas[replica]
-		}
-		v, resp := uiDecodeView[StatsView](t, h, "/lm-warden/ui/ui-live%2Fmodel/stats.json?replica="+url.QueryEscape(replica))
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("replica %q: status %d", replica, resp.StatusCode)
-		}
-		if wantEnd := ser.Start.Add(3599 * time.Second); !v.End.Equal(wantEnd) || v.StepS != 10 || len(v.Cached) != 359 {
-			t.Fatalf("replica %q: end %v (want %v), step %v, %d points", replica, v.End, wantEnd, v.StepS, len(v.Cached))
-		}
-		var c, p uint64
-		for i := range v.Cached {
-			var wc, wp, wg uint64
-			for j := 9 + i*10; j < 19+i*10; j++ {
-				wc += sum.Cached[j]
-				wp += sum.Computed[j]
-				wg += sum.Generated[j]
-			}
-			c, p = c+wc, p+wp
-			if v.Cached[i] != Round1(float64(wc)/10) || v.Computed[i] != Round1(float64(wp)/10) || v.Generated[i] != Round1(float64(wg)/10) {
-				t.Fatalf("replica %q point %d: %v/%v/%v, want sums %d/%d/%d over 10 s", replica, i,
-					v.Cached[i], v.Computed[i], v.Generated[i], wc, wp, wg)
-			}
-		}
-		wantShare := ser.HourCachedShare
-		if replica != "" {
-			wantShare = float64(c) / float64(c+p)
-		}
-		if v.Share.V.(float64) != wantShare || !slices.Equal(v.Replicas, []string{"127.0.0.1:8001", "127.0.0.1:8002", "127.0.0.1:8003", "127.0.0.1:8004"}) {
-			t.Errorf("replica %q: share %v, want %v; replicas %v", replica, v.Share.V, wantShare, v.Replicas)
-		}
-	}
-
-	for _, tc := range []struct{ path, msg string }{
-		{"/lm-warden/ui/ui-live%2Fmodel/stats.json?replica=nope", "no such replica"},
-		{"/lm-warden/ui/not-loaded/view.json", "unknown model"},
-		{"/lm-warden/ui/not-loaded/stats.json", "unknown model"},
-	} {
-		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, tc.path, nil))
-		if rec.Code != http.StatusNotFound || !strings.Contains(rec.Body.String(), tc.msg) {
-			t.Errorf("%s: status %d, body %s", tc.path, rec.Code, rec.Body.String())
-		}
-	}
 }
 
 // TestUIAssetRanges checks what net/http's ServeContent answers for the

@@ -1,4 +1,4 @@
-package caddymodule_test
+package card_test
 
 import (
 	"math"
@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	. "github.com/lmwarden/caddy-lmwarden/caddymodule"
+	. "github.com/lmwarden/caddy-lmwarden/internal/card"
 	"github.com/lmwarden/caddy-lmwarden/internal/pagetest"
 )
 

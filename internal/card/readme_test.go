@@ -1,4 +1,4 @@
-package caddymodule
+package card
 
 import (
 	"flag"
@@ -14,7 +14,7 @@ import (
 var updateREADME = flag.Bool("update-readme", false, "rewrite the README's table of the replica table's counters")
 
 const (
-	readmeCountersBegin = "<!-- replica-counters: written from the card's column list by `go test ./caddymodule -run TestREADMECounters -update-readme` -->\n"
+	readmeCountersBegin = "<!-- replica-counters: written from the card's column list by `go test ./internal/card -run TestREADMECounters -update-readme` -->\n"
 	readmeCountersEnd   = "<!-- /replica-counters -->\n"
 )
 
@@ -46,7 +46,7 @@ func readmeCounters() string {
 // counters against the column list and placement.Counters; with
 // -update-readme it rewrites the table.
 func TestREADMECounters(t *testing.T) {
-	raw, err := os.ReadFile("../README.md")
+	raw, err := os.ReadFile("../../README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,12 +61,12 @@ func TestREADMECounters(t *testing.T) {
 		return
 	}
 	if *updateREADME {
-		if err := os.WriteFile("../README.md", []byte(readme[:i+len(readmeCountersBegin)]+want+readme[j:]), 0o644); err != nil {
+		if err := os.WriteFile("../../README.md", []byte(readme[:i+len(readmeCountersBegin)]+want+readme[j:]), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		return
 	}
-	t.Errorf("README.md's table of the replica counters is not the column list's; run go test ./caddymodule -run TestREADMECounters -update-readme\nwant:\n%s", want)
+	t.Errorf("README.md's table of the replica counters is not the column list's; run go test ./internal/card -run TestREADMECounters -update-readme\nwant:\n%s", want)
 }
 
 // TestCountersHaveAColumnOrADoc: every counter is on the card or says in

@@ -42,8 +42,9 @@ func parseHandlerCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler,
 //	    strip_billing_block on|off
 //	}
 //
-// Every switch takes on|off (true|false too); a header that is off is stored
-// as "-" in the JSON, the on-by-default booleans as their negation (no_…).
+// Every switch takes on|off (true|false too) and is a boolean of the same
+// name in the JSON, absent for its default; a header that is off is stored
+// as "-".
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // directive name
 	if d.NextArg() {
@@ -64,17 +65,17 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				h.SessionEndHeaders = []string{"-"}
 			}
 		case "body_keys":
-			h.NoBodyKeys, err = parseOffSwitch(d)
+			h.BodyKeys, err = parseSwitch(d)
 		case "fingerprint":
-			h.NoFingerprint, err = parseOffSwitch(d)
+			h.Fingerprint, err = parseSwitch(d)
 		case "fingerprint_bytes":
 			var n int64
 			n, err = parseSize(d)
 			h.FingerprintBytes = int(n)
 		case "restart_detection":
-			h.NoRestartDetection, err = parseOffSwitch(d)
+			h.RestartDetection, err = parseSwitch(d)
 		case "model_var":
-			h.NoModelVar, err = parseOffSwitch(d)
+			h.ModelVar, err = parseSwitch(d)
 		case "max_body":
 			h.MaxBody, err = parseSize(d)
 		case "error_response":
@@ -330,13 +331,6 @@ func parseSwitch(d *caddyfile.Dispenser) (*bool, error) {
 		return nil, err
 	}
 	return &on, nil
-}
-
-// parseOffSwitch reads on|off for an on-by-default switch stored as its
-// negation (no_…): it returns true for off.
-func parseOffSwitch(d *caddyfile.Dispenser) (bool, error) {
-	on, err := parseOnOff(d)
-	return !on, err
 }
 
 // parsePositiveOr reads a positive integer, or the word that stands for

@@ -1,7 +1,9 @@
 package caddymodule
 
 import (
+	"encoding/json"
 	"reflect"
+	"slices"
 	"testing"
 	"time"
 
@@ -176,8 +178,8 @@ func TestHandlerCaddyfile(t *testing.T) {
 			max_body 8MiB
 		}`, Handler{
 			SessionHeaders: []string{"X-Session-Id", "X-Other"}, AgentHeader: "-", ParentAgentHeader: "X-Parent",
-			NoBodyKeys: true, NoFingerprint: true, FingerprintBytes: 4096, NoModelVar: true, MaxBody: 8 << 20,
-			NoRestartDetection: true, SessionEndHeaders: []string{"X-Session-End", "X-Last-Turn"},
+			BodyKeys: ptr(false), Fingerprint: ptr(false), FingerprintBytes: 4096, ModelVar: ptr(false), MaxBody: 8 << 20,
+			RestartDetection: ptr(false), SessionEndHeaders: []string{"X-Session-End", "X-Last-Turn"},
 		}, false},
 		{"session end off", `lm_warden {
 			session_end_headers off
@@ -226,6 +228,37 @@ func TestAPIOf(t *testing.T) {
 	} {
 		if got := apiOf(path); got != want {
 			t.Errorf("%s: %v, want %v", path, got, want)
+		}
+	}
+}
+
+// TestHandlerSwitches: the handler's switches from the JSON, absent (on),
+// set, and in their deprecated no_… spellings (read as off, and named so
+// Provision can warn).
+func TestHandlerSwitches(t *testing.T) {
+	for _, tc := range []struct {
+		json                                  string
+		bodyKeys, fingerprint, restart, model bool
+		deprecated                            []string
+	}{
+		{`{}`, true, true, true, true, nil},
+		{`{"body_keys":false,"model_var":false}`, false, true, true, false, nil},
+		{`{"fingerprint":true,"restart_detection":false}`, true, true, false, true, nil},
+		{`{"no_body_keys":true,"no_fingerprint":true,"no_restart_detection":true,"no_model_var":true}`, false, false, false, false,
+			[]string{"no_body_keys", "no_fingerprint", "no_restart_detection", "no_model_var"}},
+		// the deprecated spelling is off whatever the new one says
+		{`{"no_model_var":true,"model_var":true}`, true, true, true, false, []string{"no_model_var"}},
+	} {
+		var h Handler
+		if err := json.Unmarshal([]byte(tc.json), &h); err != nil {
+			t.Fatal(err)
+		}
+		deprecated := h.withDefaults()
+		if h.bodyKeys != tc.bodyKeys || h.fingerprint != tc.fingerprint || h.restartDetection != tc.restart || h.modelVar != tc.model ||
+			!slices.Equal(deprecated, tc.deprecated) {
+			t.Errorf("%s: body_keys %v fingerprint %v restart_detection %v model_var %v, deprecated %v; want %v %v %v %v, %v", tc.json,
+				h.bodyKeys, h.fingerprint, h.restartDetection, h.modelVar, deprecated,
+				tc.bodyKeys, tc.fingerprint, tc.restart, tc.model, tc.deprecated)
 		}
 	}
 }

@@ -74,19 +74,20 @@ type Handler struct {
 	// X-Claude-Code-Parent-Agent-Id; "-" disables.
 	ParentAgentHeader string `json:"parent_agent_header,omitempty"`
 
-	// Disables reading metadata.user_id / metadata.session_id from the body
-	// when no header carries a key.
-	NoBodyKeys bool `json:"no_body_keys,omitempty"`
+	// Whether metadata.user_id / metadata.session_id are read from the
+	// body when no header carries a key. Default true.
+	BodyKeys *bool `json:"body_keys,omitempty"`
 
-	// Disables the fallback key made from the conversation's start (model,
-	// system prompt, first user message).
-	NoFingerprint bool `json:"no_fingerprint,omitempty"`
+	// Whether a request without a key gets the fallback key made from the
+	// conversation's start (model, system prompt, first user message).
+	// Default true.
+	Fingerprint *bool `json:"fingerprint,omitempty"`
 
 	// How many bytes of the conversation's start the fingerprint hashes.
 	// Default 32 KiB.
 	FingerprintBytes int `json:"fingerprint_bytes,omitempty"`
 
-	// Turns restart detection off. With it on (the default), a request
+	// Whether restarts are detected. Default true. With it on, a request
 	// whose key came from a header or the body's metadata and has a
 	// binding carries a fingerprint of its conversation's start (the
 	// model and the messages up to the first user message), read from the
@@ -104,7 +105,7 @@ type Handler struct {
 	// requests have starts of their own (testdata/claudecode,
 	// testdata/claudecode-interactive). Turn it off for a client that
 	// rewrites its first message from turn to turn.
-	NoRestartDetection bool `json:"no_restart_detection,omitempty"`
+	RestartDetection *bool `json:"restart_detection,omitempty"`
 
 	// Headers that mark a session's last request: when one is present with
 	// a value other than "0", "false" or "no", the request is routed as
@@ -112,10 +113,17 @@ type Handler struct {
 	// ends (counted as ended). Default X-Session-End; ["-"] disables.
 	SessionEndHeaders []string `json:"session_end_headers,omitempty"`
 
-	// Disables reading the body just to publish {http.vars.lm_warden.model}
-	// when the key came from a header. With it set, the model variable is
-	// filled only when the body was read anyway.
-	NoModelVar bool `json:"no_model_var,omitempty"`
+	// Whether the body is read just to publish {http.vars.lm_warden.model}
+	// when the key came from a header. Default true; with it false, the
+	// model variable is filled only when the body was read anyway.
+	ModelVar *bool `json:"model_var,omitempty"`
+
+	// Deprecated spellings of BodyKeys, Fingerprint, RestartDetection and
+	// ModelVar false, read as those with a warning in the log.
+	NoBodyKeys         bool `json:"no_body_keys,omitempty"`
+	NoFingerprint      bool `json:"no_fingerprint,omitempty"`
+	NoRestartDetection bool `json:"no_restart_detection,omitempty"`
+	NoModelVar         bool `json:"no_model_var,omitempty"`
 
 	// The largest request body read, in bytes. Bigger bodies are refused
 	// with 413 and a JSON error in the API's format. Default 32 MiB.
@@ -144,6 +152,8 @@ type Handler struct {
 	keys   convkey.Extractor
 	ends   []string // canonical session-end header names
 	logger *zap.Logger
+	// the switches resolved (withDefaults)
+	bodyKeys, fingerprint, restartDetection, modelVar bool
 }
 
 // DefaultSessionEndHeaders are the headers read for a session's end when
@@ -161,7 +171,10 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 // Provision fills in defaults.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
-	h.withDefaults()
+	for _, name := range h.withDefaults() {
+		h.logger.Warn("lm_warden: "+name+" is deprecated; set "+strings.TrimPrefix(name, "no_")+" to false instead",
+			zap.String("setting", name))
+	}
 	agent, parent := h.AgentHeader, h.ParentAgentHeader
 	if agent == "-" {
 		agent = ""
@@ -179,8 +192,26 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	return nil
 }
 
-// withDefaults fills the settings left empty.
-func (h *Handler) withDefaults() {
+// withDefaults fills the settings left empty and resolves the switches,
+// the deprecated no_… spellings included (deprecated lists those set).
+func (h *Handler) withDefaults() (deprecated []string) {
+	for _, sw := range []struct {
+		on   **bool
+		off  bool
+		name string
+		to   *bool
+	}{
+		{&h.BodyKeys, h.NoBodyKeys, "no_body_keys", &h.bodyKeys},
+		{&h.Fingerprint, h.NoFingerprint, "no_fingerprint", &h.fingerprint},
+		{&h.RestartDetection, h.NoRestartDetection, "no_restart_detection", &h.restartDetection},
+		{&h.ModelVar, h.NoModelVar, "no_model_var", &h.modelVar},
+	} {
+		if sw.off {
+			deprecated = append(deprecated, sw.name)
+			*sw.on = new(bool)
+		}
+		*sw.to = *sw.on == nil || **sw.on
+	}
 	if len(h.SessionHeaders) == 0 {
 		h.SessionHeaders = slices.Clone(DefaultSessionHeaders)
 	}
@@ -199,6 +230,7 @@ func (h *Handler) withDefaults() {
 	if h.MaxBody == 0 {
 		h.MaxBody = DefaultMaxBody
 	}
+	return deprecated
 }
 
 // Validate checks the configuration.
@@ -243,9 +275,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		full = body
 	}
-	keyFromBody := st.key == "" && (!h.NoBodyKeys || !h.NoFingerprint)
-	wantStart := st.key != "" && !h.NoRestartDetection
-	if (keyFromBody || !h.NoModelVar || wantStart) && hasJSONBody(r) {
+	keyFromBody := st.key == "" && (h.bodyKeys || h.fingerprint)
+	wantStart := st.key != "" && h.restartDetection
+	if (keyFromBody || h.modelVar || wantStart) && hasJSONBody(r) {
 		var body []byte
 		var tooBig bool
 		var err error
@@ -258,7 +290,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			// the start is compared only with a binding's: read the body's
 			// start when that holds it (and the model), else all of it
 			st.start, model, body, tooBig, err = h.peekStart(r, &st.rb)
-		case !h.NoModelVar:
+		case h.modelVar:
 			// only the model variable: read the body's start when that
 			// holds the model, else all of it
 			model, body, tooBig, err = h.peekModel(r, &st.rb)
@@ -275,16 +307,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		if body != nil {
 			view := convkey.BytesView(body)
-			if st.key == "" && !h.NoBodyKeys {
+			if st.key == "" && h.bodyKeys {
 				st.key = convkey.SessionFromBody(view)
 			}
-			if st.key != "" && !h.NoRestartDetection {
+			if st.key != "" && h.restartDetection {
 				// a key from a header or the body's metadata: its start
 				// tells a restarted conversation (a fingerprint key is
 				// the start itself)
 				st.start = convkey.StartFingerprint(view, h.FingerprintBytes)
 			}
-			if st.key == "" && !h.NoFingerprint {
+			if st.key == "" && h.fingerprint {
 				st.key = convkey.Fingerprint(view, h.FingerprintBytes)
 			}
 			if model == "" {

@@ -88,7 +88,7 @@ func BenchmarkRouteRequest(b *testing.B) {
 		b.Run(bc.name, func(b *testing.B) {
 			pool := benchPool(4)
 			var lc reverseproxy.LeastConnSelection
-			h := &Handler{NoModelVar: strings.HasSuffix(bc.name, "no-model-var")}
+			h := &Handler{ModelVar: ptr(!strings.HasSuffix(bc.name, "no-model-var"))}
 			if err := h.Provision(benchCtx()); err != nil {
 				b.Fatal(err)
 			}

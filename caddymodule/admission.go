@@ -1,5 +1,10 @@
 package caddymodule
 
+// Admission on the Caddy side: a held request waits for its ticket, a
+// refused one gets 429 with a Retry-After, and the operator is told when
+// the active conversations outgrow the caches. The router decides
+// (placement); the metrics are in metrics.go.
+
 import (
 	"context"
 	"fmt"
@@ -10,28 +15,10 @@ import (
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/dustin/go-humanize"
-	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/lmwarden/caddy-lmwarden/placement"
 )
-
-// admissionWait is the time new conversations' first requests waited for
-// admission, by how the wait ended: admitted (room appeared), wait_limit
-// (admit_wait reached, admitted anyway) or cancelled (the client left).
-var admissionWait = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-	Name:    "lm_warden_admission_wait_seconds",
-	Help:    "Time a new conversation's first request waited for room in the replicas' KV caches, by outcome: admitted, wait_limit (admitted at admit_wait), cancelled (the client left).",
-	Buckets: []float64{0.1, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 180, 300, 600},
-}, []string{"model", "outcome"})
-
-// pausedWait is the time turns of conversations paused at a turn boundary
-// (time-slicing) waited for their conversation's turn to come again.
-var pausedWait = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-	Name:    "lm_warden_paused_wait_seconds",
-	Help:    "Time a turn of a conversation paused at a turn boundary waited to resume, by outcome: admitted, wait_limit (resumed at admit_wait), cancelled (the client left).",
-	Buckets: []float64{0.1, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 180, 300, 600},
-}, []string{"model", "outcome"})
 
 // await holds a new conversation's first request until the router admits
 // it, its deadline (admit_wait) passes, or its client goes away, and

@@ -225,15 +225,85 @@ func b2f(b bool) float64 {
 	return 0
 }
 
+// admissionWait is the time new conversations' first requests waited for
+// admission, by how the wait ended: admitted (room appeared), wait_limit
+// (admit_wait reached, admitted anyway) or cancelled (the client left).
+var admissionWait = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+	Name:    "lm_warden_admission_wait_seconds",
+	Help:    "Time a new conversation's first request waited for room in the replicas' KV caches, by outcome: admitted, wait_limit (admitted at admit_wait), cancelled (the client left).",
+	Buckets: []float64{0.1, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 180, 300, 600},
+}, []string{"model", "outcome"})
+
+// pausedWait is the time turns of conversations paused at a turn boundary
+// (time-slicing) waited for their conversation's turn to come again.
+var pausedWait = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+	Name:    "lm_warden_paused_wait_seconds",
+	Help:    "Time a turn of a conversation paused at a turn boundary waited to resume, by outcome: admitted, wait_limit (resumed at admit_wait), cancelled (the client left).",
+	Buckets: []float64{0.1, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 180, 300, 600},
+}, []string{"model", "outcome"})
+
+// The store's Prometheus series, read from each live model's store at
+// scrape time.
+var (
+	descStoreConnected = prometheus.NewDesc("lm_warden_store_connected",
+		"1 while the shared binding store answers; 0 while turns route with this instance's bindings alone.",
+		[]string{"model"}, nil)
+	descStoreErrors = prometheus.NewDesc("lm_warden_store_errors_total",
+		"Calls to the shared binding store that failed or passed their deadline, and writes dropped.",
+		[]string{"model"}, nil)
+	descStoreFallbacks = prometheus.NewDesc("lm_warden_store_fallbacks_total",
+		"Turns routed with this instance's bindings alone because the shared store was out or did not answer in time.",
+		[]string{"model"}, nil)
+	descStoreCommands = prometheus.NewDesc("lm_warden_store_commands_total",
+		"Commands sent to the shared binding store.",
+		[]string{"model"}, nil)
+	descStoreOps = prometheus.NewDesc("lm_warden_store_operations_total",
+		"Shared store work by kind: read (a turn's conversation looked up), claim (a new conversation written with SET NX), claim-lost (another instance had it), adopted (a binding taken from the store or another instance's move), published and received (moves), refresh (TTL).",
+		[]string{"model", "kind"}, nil)
+)
+
+type storeCollector struct{}
+
+// Describe implements prometheus.Collector.
+func (storeCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descStoreConnected, descStoreErrors, descStoreFallbacks, descStoreCommands, descStoreOps} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (storeCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, m := range models() {
+		st := m.storeStatus()
+		if st == nil {
+			continue
+		}
+		ch <- prometheus.MustNewConstMetric(descStoreConnected, prometheus.GaugeValue, b2f(st.Connected), m.name)
+		ch <- prometheus.MustNewConstMetric(descStoreErrors, prometheus.CounterValue, float64(st.Errors), m.name)
+		ch <- prometheus.MustNewConstMetric(descStoreFallbacks, prometheus.CounterValue, float64(st.Fallbacks), m.name)
+		ch <- prometheus.MustNewConstMetric(descStoreCommands, prometheus.CounterValue, float64(st.Commands), m.name)
+		for _, op := range [...]struct {
+			kind string
+			n    uint64
+		}{
+			{"read", st.Reads}, {"claim", st.Claims}, {"claim-lost", st.ClaimsLost}, {"adopted", st.Adopted},
+			{"published", st.MovesSent}, {"received", st.MovesReceived}, {"refresh", st.Refreshes},
+		} {
+			ch <- prometheus.MustNewConstMetric(descStoreOps, prometheus.CounterValue, float64(op.n), m.name, op.kind)
+		}
+	}
+}
+
 var theCollector collector
 
-// registerMetrics adds the collector to a configuration's registry; a
-// second policy of the same configuration finds it there already.
+// registerMetrics adds the collectors and histograms to a configuration's
+// registry; a second policy of the same configuration finds them there
+// already.
 func registerMetrics(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{theCollector, admissionWait, pausedWait} {
+	for _, c := range []prometheus.Collector{theCollector, storeCollector{}, admissionWait, pausedWait} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if !errors.As(err, &are) {

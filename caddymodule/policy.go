@@ -306,9 +306,6 @@ func (p *Policy) Provision(ctx caddy.Context) error {
 	if err := appVal.(*App).add(p.m, p); err != nil {
 		return err
 	}
-	if err := registerStoreMetrics(ctx.GetMetricsRegistry()); err != nil {
-		return err
-	}
 	return registerMetrics(ctx.GetMetricsRegistry())
 }
 

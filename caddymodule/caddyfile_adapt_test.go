@@ -18,6 +18,7 @@ import (
 // the smallest Caddyfile that holds them; the test checks that each README
 // snippet is still there, word for word.
 func TestCaddyfileAdaptsToSavedJSON(t *testing.T) {
+	t.Parallel()
 	readme, err := os.ReadFile("../README.md")
 	if err != nil {
 		t.Fatal(err)

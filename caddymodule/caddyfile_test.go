@@ -16,6 +16,7 @@ import (
 func ptr[T any](v T) *T { return &v }
 
 func TestPolicyCaddyfile(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name    string
 		input   string
@@ -136,6 +137,7 @@ func TestPolicyCaddyfile(t *testing.T) {
 }
 
 func TestPolicyValidate(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct {
 		name string
 		p    *Policy
@@ -158,6 +160,7 @@ func TestPolicyValidate(t *testing.T) {
 }
 
 func TestHandlerCaddyfile(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name    string
 		input   string
@@ -219,6 +222,7 @@ func TestHandlerCaddyfile(t *testing.T) {
 }
 
 func TestAPIOf(t *testing.T) {
+	t.Parallel()
 	for path, want := range map[string]vllmstats.API{
 		"/v1/messages":              vllmstats.APIAnthropic,
 		"/v1/messages/count_tokens": vllmstats.APIAnthropic,
@@ -236,6 +240,7 @@ func TestAPIOf(t *testing.T) {
 // set, and in their deprecated no_… spellings (read as off, and named so
 // Provision can warn).
 func TestHandlerSwitches(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		json                                  string
 		bodyKeys, fingerprint, restart, model bool

@@ -11,6 +11,7 @@ import (
 // working set is learnt with admission off, and the estimate is corrected
 // when the engine contradicts it.
 func TestAdmissionAgreesWithEngine(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name string
 		n    int
@@ -185,6 +186,7 @@ func TestAdmissionAgreesWithEngine(t *testing.T) {
 }
 
 func TestOvercommittedNeedsTheEngine(t *testing.T) {
+	t.Parallel()
 	over := AdmissionSnapshot{WorkingSetTokens: 741000, CapacityTokens: 262000}
 	if over.Overcommitted() {
 		t.Error("overcommitted by the estimate alone, with no engine confirming it")

@@ -45,6 +45,7 @@ func isReady(tk *Ticket) bool {
 }
 
 func TestAdmissionRules(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name string
 		n    int
@@ -381,6 +382,7 @@ func TestAdmissionRules(t *testing.T) {
 // while in flight, and after its turn for twice its longest pause (at least
 // AdmitWindow/30), or AdmitWindow before a pause was seen.
 func TestResidentTime(t *testing.T) {
+	t.Parallel()
 	r := admitRouter(1, 100000, Config{AdmitWindow: time.Minute})
 	ws := func(at time.Time) int64 {
 		r.mu.Lock()
@@ -415,6 +417,7 @@ func TestResidentTime(t *testing.T) {
 // twice what conversations pause (the 90th percentile of recent pauses),
 // not the whole window, once pauses have been seen at all.
 func TestResidentTypicalPause(t *testing.T) {
+	t.Parallel()
 	r := admitRouter(1, 100000, Config{AdmitWindow: time.Minute})
 	ws := func(at time.Time) int64 {
 		r.mu.Lock()
@@ -442,6 +445,7 @@ func TestResidentTypicalPause(t *testing.T) {
 // TestAdmissionOffIsExact: with admission off, decisions are exactly those
 // of a router whose capacity is unknown (the behaviour without admission).
 func TestAdmissionOffIsExact(t *testing.T) {
+	t.Parallel()
 	a := admitRouter(4, 10000, Config{AdmissionOff: true})
 	b := newTestRouter(4, Config{})
 	rng := rand.New(rand.NewPCG(7, 7))
@@ -473,6 +477,7 @@ func TestAdmissionOffIsExact(t *testing.T) {
 // cancellations, forced admissions and config changes, and checks the
 // bindings' invariants and that everything held is given back.
 func TestAdmissionRandomized(t *testing.T) {
+	t.Parallel()
 	for seed := range uint64(3) {
 		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 13))
@@ -578,6 +583,7 @@ func TestAdmissionRandomized(t *testing.T) {
 // reported not full once its working set fell below the low-water mark,
 // without another placement (the queue drained, conversations went quiet).
 func TestFullFollowsWorkingSet(t *testing.T) {
+	t.Parallel()
 	r := admitRouter(1, 10000, Config{})
 	d, _ := admitTurn(t, r, "a", 11000, t0)
 	finishTurn(r, "a", d, t0.Add(time.Second), 11000, 0, 100)

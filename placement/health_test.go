@@ -33,6 +33,7 @@ func replicaRow(t *testing.T, r *Router, id string) ReplicaSnapshot {
 // conversation and no sticky turn; its conversations are re-placed on their
 // next turn, and once it is back they do not return to it on their own.
 func TestDownReplicaReplacedAndNotReturned(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name  string
 		down  func(r *Router, id string, down bool) bool
@@ -93,6 +94,7 @@ func TestDownReplicaReplacedAndNotReturned(t *testing.T) {
 // A failed request puts its replica in a cool-down at once: the next
 // placements avoid it; further failures lengthen it; a success ends the run.
 func TestProxyFailureCooldown(t *testing.T) {
+	t.Parallel()
 	r := newTestRouter(2, Config{FailCooldown: time.Second, MaxFailCooldown: 4 * time.Second})
 	d, err := r.Route(Request{Key: "a", Pin: "r0", Now: t0})
 	if err != nil {
@@ -159,6 +161,7 @@ func TestProxyFailureCooldown(t *testing.T) {
 // proxy errors), requests are still served; health checks and exclusions
 // stay binding.
 func TestAllOutFallback(t *testing.T) {
+	t.Parallel()
 	r := newTestRouter(2, Config{})
 	r.SetPollDown("r0", true)
 	r.SetPollDown("r1", true)
@@ -181,6 +184,7 @@ func TestAllOutFallback(t *testing.T) {
 }
 
 func TestCauseNames(t *testing.T) {
+	t.Parallel()
 	if got := (CausePoll | CauseHealth).String(); got != "poll failure, health check" {
 		t.Fatalf("%q", got)
 	}
@@ -205,6 +209,7 @@ func pinned(t *testing.T, r *Router, key, id string, now time.Time) Decision {
 // answer from the replica ends the run, one impatient client never takes
 // it out, nor do clients that give up everywhere.
 func TestAbandonedTurnsTakeAHungReplicaOut(t *testing.T) {
+	t.Parallel()
 	type turn struct {
 		rep, client string
 		answered    bool

@@ -18,6 +18,7 @@ func turn(t *testing.T, r *Router, key string, start uint64, now time.Time, prom
 }
 
 func TestLifecycleRules(t *testing.T) {
+	t.Parallel()
 	const a, b uint64 = 0xa, 0xb
 	tests := []struct {
 		name string
@@ -131,6 +132,7 @@ func TestLifecycleRules(t *testing.T) {
 // every turn, the start does not, so a long conversation never counts as
 // restarted.
 func TestNoFalseRestartOverManyTurns(t *testing.T) {
+	t.Parallel()
 	r := newTestRouter(3, Config{})
 	first := turn(t, r, "k", 42, t0, 500, 0)
 	prompt := 500
@@ -151,6 +153,7 @@ func TestNoFalseRestartOverManyTurns(t *testing.T) {
 }
 
 func TestFeedbackAccounting(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name                    string
 		prev                    int // prompt of the binding's previous turn; 0 = first turn
@@ -200,6 +203,7 @@ func TestFeedbackAccounting(t *testing.T) {
 }
 
 func TestFeedbackBadInput(t *testing.T) {
+	t.Parallel()
 	r := newTestRouter(1, Config{})
 	for _, tr := range []Turn{
 		{Key: "", Replica: "r0", Reason: ReasonSticky, Prompt: 10},
@@ -217,6 +221,7 @@ func TestFeedbackBadInput(t *testing.T) {
 }
 
 func TestColdReplicaMarksAllItsBindings(t *testing.T) {
+	t.Parallel()
 	r := newTestRouter(2, Config{})
 	for _, k := range []string{"a", "b", "c"} {
 		bindTo(t, r, k, "r0", t0)
@@ -246,6 +251,7 @@ func TestColdReplicaMarksAllItsBindings(t *testing.T) {
 // bindings whose last turn was routed before the previous poll; a turn
 // routed since may have run on the restarted engine and refilled it.
 func TestColdReplicaSince(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name  string
 		since time.Duration // after t0
@@ -288,6 +294,7 @@ func TestColdReplicaSince(t *testing.T) {
 }
 
 func TestEnd(t *testing.T) {
+	t.Parallel()
 	r := newTestRouter(2, Config{})
 	bindTo(t, r, "k", "r1", t0)
 	if !r.End("k", t0.Add(time.Second)) {

@@ -77,6 +77,7 @@ func checkInvariants(t *testing.T, r *Router) {
 }
 
 func TestRandomized(t *testing.T) {
+	t.Parallel()
 	for seed := range uint64(4) {
 		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) { randomRun(t, seed, 20000) })
 	}
@@ -212,6 +213,7 @@ func randomRun(t *testing.T, seed uint64, steps int) {
 }
 
 func TestConcurrentRouting(t *testing.T) {
+	t.Parallel()
 	const workers, perWorker = 300, 150
 	r := newTestRouter(8, Config{MaxNumSeqs: 16, MaxBindings: 500, IdleTTL: time.Second})
 	var wg sync.WaitGroup

@@ -51,6 +51,7 @@ func hold(t *testing.T, r *Router, id string, n int) {
 }
 
 func TestRouteRules(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name      string
 		n         int
@@ -360,6 +361,7 @@ func TestRouteRules(t *testing.T) {
 }
 
 func TestThresholdDefaults(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		cfg  Config
 		want int
@@ -385,6 +387,7 @@ func TestThresholdDefaults(t *testing.T) {
 }
 
 func TestReleaseExactlyOnce(t *testing.T) {
+	t.Parallel()
 	r := newTestRouter(2, Config{})
 	d, err := r.Route(Request{Key: "k", Now: t0})
 	if err != nil {
@@ -414,6 +417,7 @@ func TestReleaseExactlyOnce(t *testing.T) {
 }
 
 func TestReplicaRemovedWhileInFlight(t *testing.T) {
+	t.Parallel()
 	r := newTestRouter(2, Config{})
 	d, _ := r.Route(Request{Pin: "r1", Now: t0})
 	r.SetReplicas([]string{"r0"})
@@ -428,6 +432,7 @@ func TestReplicaRemovedWhileInFlight(t *testing.T) {
 }
 
 func TestIdleTTL(t *testing.T) {
+	t.Parallel()
 	r := newTestRouter(2, Config{IdleTTL: time.Minute})
 	bindTo(t, r, "k", "r1", t0)
 	r.UpdateLoad("r1", running(3)) // a new placement would choose r0
@@ -467,6 +472,7 @@ func TestIdleTTL(t *testing.T) {
 }
 
 func TestRouteDrainsExpiredBindings(t *testing.T) {
+	t.Parallel()
 	r := newTestRouter(1, Config{IdleTTL: time.Minute})
 	for i := range 10 {
 		bindTo(t, r, fmt.Sprint("k", i), "r0", t0)
@@ -481,6 +487,7 @@ func TestRouteDrainsExpiredBindings(t *testing.T) {
 }
 
 func TestLRUEviction(t *testing.T) {
+	t.Parallel()
 	r := newTestRouter(2, Config{MaxBindings: 3})
 	for i, k := range []string{"a", "b", "c"} {
 		bindTo(t, r, k, "r0", t0.Add(time.Duration(i)*time.Second))
@@ -511,6 +518,7 @@ func TestLRUEviction(t *testing.T) {
 }
 
 func TestActiveWindow(t *testing.T) {
+	t.Parallel()
 	r := newTestRouter(1, Config{ActiveWindow: time.Minute})
 	bindTo(t, r, "a", "r0", t0)
 	bindTo(t, r, "b", "r0", t0.Add(30*time.Second))
@@ -536,6 +544,7 @@ func TestActiveWindow(t *testing.T) {
 }
 
 func TestCountersAndSnapshot(t *testing.T) {
+	t.Parallel()
 	r := NewRouter(Config{SpillThreshold: 1})
 	r.SetReplicas([]string{"b", "a"})
 	route := func(req Request) Decision {
@@ -605,6 +614,7 @@ func TestCountersAndSnapshot(t *testing.T) {
 }
 
 func TestUnbind(t *testing.T) {
+	t.Parallel()
 	r := newTestRouter(2, Config{})
 	bindTo(t, r, "k", "r1", t0)
 	if !r.Unbind("k") || r.Unbind("k") {
@@ -619,6 +629,7 @@ func TestUnbind(t *testing.T) {
 }
 
 func TestTiesRoundRobin(t *testing.T) {
+	t.Parallel()
 	r := newTestRouter(4, Config{})
 	seen := map[string]int{}
 	for i := range 8 {
@@ -646,6 +657,7 @@ func TestTiesRoundRobin(t *testing.T) {
 }
 
 func TestReasonString(t *testing.T) {
+	t.Parallel()
 	want := []string{"unknown", "affinity-off", "no-key", "sticky", "placed", "spilled", "stayed-overloaded", "re-placed", "client-pinned", "restarted", "cold-replaced", "side", "spill-declined", "unknown"}
 	for i, w := range want {
 		if got := Reason(i).String(); got != w {
@@ -658,6 +670,7 @@ func TestReasonString(t *testing.T) {
 // replica whose vLLM queue has reached the limit, for one with an empty
 // queue that is not over the threshold; otherwise it stays.
 func TestSpillWaiting(t *testing.T) {
+	t.Parallel()
 	queue := func(id string, run, wait int) func(*Router) {
 		return func(r *Router) { r.UpdateLoad(id, Load{Running: run, Waiting: wait, Reachable: true}) }
 	}
@@ -720,6 +733,7 @@ func TestSpillWaiting(t *testing.T) {
 // the ID index must stay bounded by what IdleTTL can hold, and a replica
 // that comes back within IdleTTL still finds its conversations.
 func TestReplicaChurnBounded(t *testing.T) {
+	t.Parallel()
 	const ttl = time.Minute
 	r := NewRouter(Config{IdleTTL: ttl})
 	now := t0
@@ -801,6 +815,7 @@ func TestReplicaChurnBounded(t *testing.T) {
 // sessions on four replicas otherwise doubles up on the replica whose
 // session just ended).
 func TestPolledRunningForgetsFinishedTurns(t *testing.T) {
+	t.Parallel()
 	r := newTestRouter(2, Config{AdmissionOff: true})
 	d0, _ := r.Route(Request{Key: "a", Pin: "r0", Now: t0})
 	d1, _ := r.Route(Request{Key: "b", Pin: "r1", Now: t0})

@@ -9,6 +9,7 @@ import (
 // that follows: it is sticky where the adopted replica can take it, and
 // placed anew by load (counted as any binding's turn would be) where not.
 func TestAdopt(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name    string
 		setup   func(t *testing.T, r *Router)
@@ -98,6 +99,7 @@ func TestAdopt(t *testing.T) {
 
 // TestAdoptBounded checks that adopted bindings obey MaxBindings like any.
 func TestAdoptBounded(t *testing.T) {
+	t.Parallel()
 	r := newTestRouter(2, Config{MaxBindings: 3})
 	for i := range 10 {
 		if !r.Adopt(string(rune('a'+i)), "r1", 0, t0.Add(time.Duration(i)*time.Second)) {

@@ -10,6 +10,7 @@ import (
 // of their own (a session title, a probe) and, after a compaction, a new
 // start that every later turn carries.
 func TestSideRequests(t *testing.T) {
+	t.Parallel()
 	const a, c, t1, t2, t3 uint64 = 0xa, 0xc, 0x71, 0x72, 0x73
 	type step struct {
 		start  uint64
@@ -212,6 +213,7 @@ func TestSideRequests(t *testing.T) {
 // binding, so a conversation that is unbound, ends or expires leaves
 // nothing behind, and a later binding under the key starts afresh.
 func TestSideStartsForgotten(t *testing.T) {
+	t.Parallel()
 	r := newTestRouter(2, Config{IdleTTL: time.Minute})
 	route := func(key string, start uint64, now time.Time) Decision {
 		t.Helper()
@@ -270,6 +272,7 @@ func TestSideRouteAllocs(t *testing.T) {
 // replaces it on the same replica with no restart, and later title
 // requests are side requests.
 func TestSideRequestFirst(t *testing.T) {
+	t.Parallel()
 	const title1, conv, title2 uint64 = 0x71, 0xa, 0x72
 	r := newTestRouter(3, Config{})
 	want := []struct {
@@ -308,6 +311,7 @@ func TestSideRequestFirst(t *testing.T) {
 // short title prompt) does not become the conversation's context, so the
 // next turn's prediction still comes from the conversation's last turn.
 func TestSideRequestFeedback(t *testing.T) {
+	t.Parallel()
 	r := newTestRouter(2, Config{})
 	turn(t, r, "k", 1, t0, 20000, 0)
 	turn(t, r, "k", 1, t0.Add(time.Second), 21000, 19984)
@@ -329,6 +333,7 @@ func TestSideRequestFeedback(t *testing.T) {
 // a side request however often it comes: a permission classifier's call
 // retried five times does not become the conversation.
 func TestLoneSideRequests(t *testing.T) {
+	t.Parallel()
 	const title, conv, check uint64 = 0x71, 0xa, 0xcc
 	r := newTestRouter(3, Config{})
 	want := []struct {

@@ -14,6 +14,7 @@ func teach(t *testing.T, r *Router, key, id string, prompt int, first, total tim
 }
 
 func TestSpillCost(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name   string
 		n      int
@@ -170,6 +171,7 @@ func TestSpillCost(t *testing.T) {
 // A spill leaves its recompute ahead on the target: the next conversation
 // that would move there expects to wait for it and stays.
 func TestSpillBacklog(t *testing.T) {
+	t.Parallel()
 	r := newTestRouter(2, Config{SpillThreshold: 2})
 	bindTo(t, r, "a", "r0", t0)
 	bindTo(t, r, "b", "r0", t0)
@@ -194,6 +196,7 @@ func TestSpillBacklog(t *testing.T) {
 }
 
 func TestLearnPrefillRate(t *testing.T) {
+	t.Parallel()
 	r := newTestRouter(1, Config{})
 	rate := func() float64 { return r.Snapshot().Replicas[0].PrefillRate }
 	teach(t, r, "a", "r0", 100, 10*time.Millisecond, time.Second) // too short to teach

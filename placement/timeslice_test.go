@@ -47,6 +47,7 @@ func isPaused(r *Router, key string) bool {
 }
 
 func TestTimeSlicing(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name string
 		cfg  Config

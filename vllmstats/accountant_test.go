@@ -7,6 +7,7 @@ import (
 )
 
 func TestAccountantTotalsAndSeries(t *testing.T) {
+	t.Parallel()
 	a := NewAccountant()
 	t0 := time.Unix(1_800_000_000, 0)
 	measured := Usage{PromptTokens: 1000, CachedTokens: 800, CompletionTokens: 50, Measured: true, CachedMeasured: true}
@@ -72,6 +73,7 @@ func TestAccountantTotalsAndSeries(t *testing.T) {
 }
 
 func TestAccountantConcurrent(t *testing.T) {
+	t.Parallel()
 	a := NewAccountant()
 	t0 := time.Unix(1_800_000_000, 0)
 	u := Usage{PromptTokens: 10, CachedTokens: 4, CompletionTokens: 1, Measured: true, CachedMeasured: true}
@@ -103,6 +105,7 @@ func TestAccountantConcurrent(t *testing.T) {
 // poll does, at most an hour's worth of departed replicas is kept, and a
 // kept or recently used replica is never dropped.
 func TestAccountantForgetIdle(t *testing.T) {
+	t.Parallel()
 	a := NewAccountant()
 	t0 := time.Unix(1_800_000_000, 0)
 	u := Usage{PromptTokens: 100, CachedTokens: 60, CompletionTokens: 5, Measured: true, CachedMeasured: true}
@@ -148,6 +151,7 @@ func TestAccountantForgetIdle(t *testing.T) {
 // TestHourCachedShareMatchesSeries checks the allocation-free share against
 // the one Series computes, inside, at the edge of and past the hour.
 func TestHourCachedShareMatchesSeries(t *testing.T) {
+	t.Parallel()
 	a := NewAccountant()
 	t0 := time.Unix(1_800_000_000, 0)
 	a.Record("r1", Usage{PromptTokens: 1000, CachedTokens: 800, Measured: true, CachedMeasured: true}, t0)
@@ -168,6 +172,7 @@ func TestHourCachedShareMatchesSeries(t *testing.T) {
 // by step, for one replica and for all, leaving out the second in progress
 // and the oldest seconds that do not fill a step.
 func TestAccountantChart(t *testing.T) {
+	t.Parallel()
 	a := NewAccountant()
 	now := time.Unix(1_800_000_000, 0)
 	for i := range 5000 { // more than an hour: the oldest fall out of the ring
@@ -224,6 +229,7 @@ func TestAccountantChart(t *testing.T) {
 // the prediction counts as the prediction, and turns older than the hour or
 // in the second in progress stay out of the chart.
 func TestAccountantDelivery(t *testing.T) {
+	t.Parallel()
 	now := time.Unix(1_800_000_000, 0)
 	at := func(ago int) time.Time { return now.Add(-time.Duration(ago) * time.Second) }
 	type rec struct {
@@ -297,6 +303,7 @@ func ptrF(f float64) *float64 { return &f }
 // delivered cached tokens per second, per replica and summed, and the
 // hour's delivered share (nil when nothing was predicted).
 func TestSeriesCarriesDelivery(t *testing.T) {
+	t.Parallel()
 	now := time.Unix(1_800_000_000, 0)
 	a := NewAccountant()
 	if s := a.Series(now); s.HourDeliveredShare != nil {

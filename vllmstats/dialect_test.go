@@ -10,6 +10,7 @@ import (
 // unknown as the engine exports it, the prefix hit rate cached / all prompt
 // tokens for every one.
 func TestParseMetricsDialectFixtures(t *testing.T) {
+	t.Parallel()
 	const qwen = "Qwen/Qwen3-4B-Instruct-2507"
 	tests := []struct {
 		fixture string
@@ -75,6 +76,7 @@ func TestParseMetricsDialectFixtures(t *testing.T) {
 // An engine configured by name reads only its own names: another engine's
 // exposition carries none of them.
 func TestParseMetricsAsOtherEngine(t *testing.T) {
+	t.Parallel()
 	for _, d := range []Dialect{DialectSGLang, DialectLlamaCpp, DialectTGI} {
 		if _, err := ParseMetricsAs(strings.NewReader(readFixture(t, "vllm_v1.txt")), d); !errors.Is(err, ErrNoKnownSeries) {
 			t.Errorf("vLLM exposition read as %v: %v, want ErrNoKnownSeries", d, err)
@@ -86,6 +88,7 @@ func TestParseMetricsAsOtherEngine(t *testing.T) {
 }
 
 func TestParseDialect(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct {
 		in   string
 		want Dialect
@@ -108,6 +111,7 @@ func TestParseDialect(t *testing.T) {
 // Every dialect's table names the figures it exports; what it lacks is
 // unknown for that engine, and the log names its series.
 func TestDialectExports(t *testing.T) {
+	t.Parallel()
 	if got := DialectTGI.Exports(); got != FigRunning|FigWaiting {
 		t.Errorf("tgi exports %s", got.Names())
 	}
@@ -126,6 +130,7 @@ func TestDialectExports(t *testing.T) {
 // when --enable-cache-report is off): after a replica reported a count, an
 // omitted one is 0 cached; before, unknown. Other engines: unchanged.
 func TestCacheReports(t *testing.T) {
+	t.Parallel()
 	var c CacheReports
 	omitted := func() Usage { return Usage{PromptTokens: 900, Measured: true} }
 	u := omitted()

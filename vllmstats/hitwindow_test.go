@@ -6,6 +6,7 @@ import (
 )
 
 func TestHitWindow(t *testing.T) {
+	t.Parallel()
 	t0 := time.Unix(1_800_000_000, 0)
 	type poll struct {
 		at            time.Duration // since t0

@@ -22,6 +22,7 @@ var simQwen = EngineMetrics{Engine: "0", ModelName: "qwen3-4b", Present: AllFigu
 	BlockSize: 16, NumGPUBlocks: 2048, KVCapacityTokens: 32768}
 
 func TestParseMetricsFixtures(t *testing.T) {
+	t.Parallel()
 	const qwen = "Qwen/Qwen3-4B-Instruct-2507"
 	tests := []struct {
 		fixture string
@@ -99,6 +100,7 @@ func TestParseMetricsFixtures(t *testing.T) {
 }
 
 func TestParseMetricsReferenceSample(t *testing.T) {
+	t.Parallel()
 	// The sample printed in the vLLM reference notes (data_parallel_size 2).
 	const sample = `# HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge
@@ -120,6 +122,7 @@ vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching=
 }
 
 func TestParseMetricsErrors(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name, in string
 		noVLLM   bool
@@ -153,6 +156,7 @@ func TestParseMetricsErrors(t *testing.T) {
 // family is read only with a fitting type; a figure exported under two names
 // counts once, from the preferred name whatever the order of the families.
 func TestParseMetricsSpellings(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name        string
 		in          string
@@ -194,6 +198,7 @@ func TestParseMetricsSpellings(t *testing.T) {
 }
 
 func TestFiguresString(t *testing.T) {
+	t.Parallel()
 	if got, want := (FigPrefix | FigKVUsage).String(), "vllm:kv_cache_usage_perc,vllm:prefix_cache_queries_total,vllm:prefix_cache_hits_total"; got != want {
 		t.Fatalf("String() = %q, want %q", got, want)
 	}

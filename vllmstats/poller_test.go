@@ -88,6 +88,7 @@ func mustReplica(t *testing.T, p *Poller, id string) *ReplicaStats {
 }
 
 func TestPollerFourEnginesOneRequest(t *testing.T) {
+	t.Parallel()
 	f := newFakeVLLM(t, readFixture(t, "four_engines.txt"))
 	var targets []Target
 	for i := range 4 {
@@ -118,6 +119,7 @@ func TestPollerFourEnginesOneRequest(t *testing.T) {
 }
 
 func TestPollerHitRatesAndReset(t *testing.T) {
+	t.Parallel()
 	f := newFakeVLLM(t, counters(100, 50, 1))
 	p := NewPoller(PollerConfig{Targets: []Target{{ID: "r", BaseURL: f.srv.URL}}, Interval: time.Second, Window: time.Hour})
 	defer p.Stop()
@@ -142,6 +144,7 @@ func TestPollerHitRatesAndReset(t *testing.T) {
 }
 
 func TestPollerWindowSlides(t *testing.T) {
+	t.Parallel()
 	f := newFakeVLLM(t, counters(0, 0, 0))
 	p := NewPoller(PollerConfig{Targets: []Target{{ID: "r", BaseURL: f.srv.URL}}, Interval: time.Second, Window: 30 * time.Millisecond})
 	defer p.Stop()
@@ -158,6 +161,7 @@ func TestPollerWindowSlides(t *testing.T) {
 }
 
 func TestPollerFailuresAndRecovery(t *testing.T) {
+	t.Parallel()
 	good := newFakeVLLM(t, counters(100, 50, 2))
 	dead := newFakeVLLM(t, counters(100, 50, 2))
 	p := NewPoller(PollerConfig{
@@ -220,6 +224,7 @@ func TestPollerFailuresAndRecovery(t *testing.T) {
 // without any known engine's series, or no exposition at all, leaves every
 // figure unknown, is logged once and never counts as a failed poll.
 func TestPollerReachableWithoutKnownSeries(t *testing.T) {
+	t.Parallel()
 	f := newFakeVLLM(t, counters(100, 50, 2))
 	core, logs := observer.New(zap.WarnLevel)
 	p := NewPoller(PollerConfig{
@@ -259,6 +264,7 @@ func TestPollerReachableWithoutKnownSeries(t *testing.T) {
 }
 
 func TestPollerHangingServer(t *testing.T) {
+	t.Parallel()
 	hang := newFakeVLLM(t, counters(1, 1, 1))
 	hang.hang = make(chan struct{})
 	defer close(hang.hang)
@@ -333,6 +339,7 @@ func TestPollerStartStopNoLeak(t *testing.T) {
 }
 
 func TestPollerSetTargets(t *testing.T) {
+	t.Parallel()
 	f := newFakeVLLM(t, readFixture(t, "four_engines.txt"))
 	var got atomic.Pointer[Snapshot]
 	p := NewPoller(PollerConfig{Targets: []Target{{ID: "a", BaseURL: f.srv.URL, Engine: "1"}}, OnSnapshot: func(s *Snapshot) { got.Store(s) }})
@@ -355,6 +362,7 @@ func TestPollerSetTargets(t *testing.T) {
 }
 
 func TestPollerEngineDefault(t *testing.T) {
+	t.Parallel()
 	multi := newFakeVLLM(t, readFixture(t, "four_engines.txt"))
 	single := newFakeVLLM(t, strings.ReplaceAll(counters(1, 1, 4), `engine="0"`, `engine="2"`))
 	p := NewPoller(PollerConfig{Targets: []Target{{ID: "m", BaseURL: multi.srv.URL}, {ID: "s", BaseURL: single.srv.URL}}})
@@ -386,6 +394,7 @@ func TestSnapshotReadsDoNotAllocate(t *testing.T) {
 // counters keep counting, the absence is logged once, and when they come back
 // the rate resumes from the counters' new values.
 func TestPollerPrefixSeriesAbsent(t *testing.T) {
+	t.Parallel()
 	sim := func(q, h, prompt float64, prefix bool) string {
 		s := fmt.Sprintf("vllm:num_requests_running{model_name=\"qwen3-4b\"} 1\nvllm:prompt_tokens_total{model_name=\"qwen3-4b\"} %g\n", prompt)
 		if prefix {
@@ -435,6 +444,7 @@ func TestPollerPrefixSeriesAbsent(t *testing.T) {
 // client_golang) counts from 0 when it appears after a good poll without it:
 // the first traffic is not lost as a baseline.
 func TestPollerCountersAppearingLater(t *testing.T) {
+	t.Parallel()
 	fresh := readFixture(t, "sim_eec055a_fresh.txt")
 	f := newFakeVLLM(t, fresh)
 	p := NewPoller(PollerConfig{Targets: []Target{{ID: "r", BaseURL: f.srv.URL}}, Interval: time.Second, Window: time.Hour})
@@ -462,6 +472,7 @@ func TestPollerCountersAppearingLater(t *testing.T) {
 // llama.cpp: the KV capacity from /props (captured: 2 slots of 4096), read
 // once, not every round.
 func TestPollerLlamaCppCapacityFromProps(t *testing.T) {
+	t.Parallel()
 	props := readFixture(t, "llamacpp_props.json")
 	metrics := readFixture(t, "llamacpp.txt")
 	var propsHits atomic.Int64

@@ -101,6 +101,7 @@ func parseWhole(api API, stream bool, parts ...string) Usage {
 }
 
 func TestUsageParser(t *testing.T) {
+	t.Parallel()
 	rng := rand.New(rand.NewPCG(1, 2))
 	for _, tc := range usageCases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -139,6 +140,7 @@ func TestUsageParser(t *testing.T) {
 }
 
 func TestUsageParserTruncationsNeverPanic(t *testing.T) {
+	t.Parallel()
 	for _, tc := range usageCases {
 		for i := 0; i <= len(tc.body); i += 1 + len(tc.body)/500 {
 			u := parseWhole(tc.api, tc.stream, tc.body[:i])
@@ -150,6 +152,7 @@ func TestUsageParserTruncationsNeverPanic(t *testing.T) {
 }
 
 func TestUsageParserReset(t *testing.T) {
+	t.Parallel()
 	p := NewUsageParser(APIAnthropic, true)
 	p.Write([]byte(usageCases[0].body[:40])) // leave state mid-JSON
 	for _, tc := range usageCases {
@@ -162,6 +165,7 @@ func TestUsageParserReset(t *testing.T) {
 }
 
 func TestUsageComputed(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		u    Usage
 		want int64

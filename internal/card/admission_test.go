@@ -4,6 +4,7 @@ import "testing"
 
 // TestAdmissionCells: the card's admission line and working-set cell.
 func TestAdmissionCells(t *testing.T) {
+	t.Parallel()
 	wait := 12.5
 	cap36, eng12 := int64(36800), int64(12000)
 	for _, tc := range []struct{ name, got, want string }{

@@ -17,6 +17,7 @@ import (
 // minutes before the first checked turn, the last replica's dip to 0, and
 // the hour's share.
 func TestUIStatsDelivered(t *testing.T) {
+	t.Parallel()
 	now := time.Now()
 	f := pagetest.New(now)
 	h := f.Handler(NewPageAt(t, f, now))

@@ -3,6 +3,7 @@ package card
 import "testing"
 
 func TestUIDeliveredSeries(t *testing.T) {
+	t.Parallel()
 	f := func(x float64) *float64 { return &x }
 	tests := []struct {
 		name                 string

@@ -46,6 +46,7 @@ func uiReadAll(t *testing.T, resp *http.Response) string {
 }
 
 func TestUIShellRoutes(t *testing.T) {
+	t.Parallel()
 	now := time.Date(2026, 11, 30, 19, 0, 0, 0, time.UTC)
 	f := pagetest.New(now)
 	h := f.Handler(NewPageAt(t, f, now))
@@ -95,6 +96,7 @@ func TestUIShellRoutes(t *testing.T) {
 }
 
 func TestUIAssets(t *testing.T) {
+	t.Parallel()
 	now := time.Now()
 	f := pagetest.New(now)
 	h := f.Handler(NewPageAt(t, f, now))
@@ -157,6 +159,7 @@ func uiDecodeView[T any](t *testing.T, h http.Handler, path string) (T, *http.Re
 }
 
 func TestUIModelsView(t *testing.T) {
+	t.Parallel()
 	now := time.Now()
 	f := pagetest.New(now)
 	h := f.Handler(NewPageAt(t, f, now))
@@ -180,6 +183,7 @@ func TestUIModelsView(t *testing.T) {
 }
 
 func TestUICardView(t *testing.T) {
+	t.Parallel()
 	now := time.Date(2026, 11, 30, 19, 0, 0, 0, time.UTC)
 	tests := []struct {
 		name   string
@@ -327,6 +331,7 @@ func TestUICardView(t *testing.T) {
 }
 
 func TestUIStatsView(t *testing.T) {
+	t.Parallel()
 	now := time.Now()
 	f := pagetest.New(now)
 	h := f.Handler(NewPageAt(t, f, now))
@@ -397,6 +402,7 @@ func TestUIStatsView(t *testing.T) {
 }
 
 func TestUIErrors(t *testing.T) {
+	t.Parallel()
 	now := time.Now()
 	f := pagetest.New(now)
 	h := f.Handler(NewPageAt(t, f, now))
@@ -428,6 +434,7 @@ func TestUIErrors(t *testing.T) {
 // TestUIAcceptsGzip checks which Accept-Encoding headers get the chart's
 // view gzipped.
 func TestUIAcceptsGzip(t *testing.T) {
+	t.Parallel()
 	now := time.Now()
 	f := pagetest.New(now)
 	h := f.Handler(NewPageAt(t, f, now))
@@ -478,6 +485,7 @@ func FuzzUIPath(f *testing.F) {
 // assets: byte ranges (never compressed), HEAD, and a weak ETag shared by
 // the plain and gzipped bodies.
 func TestUIAssetRanges(t *testing.T) {
+	t.Parallel()
 	now := time.Now()
 	f := pagetest.New(now)
 	h := f.Handler(NewPageAt(t, f, now))

@@ -46,6 +46,7 @@ func readmeCounters() string {
 // counters against the column list and placement.Counters; with
 // -update-readme it rewrites the table.
 func TestREADMECounters(t *testing.T) {
+	t.Parallel()
 	raw, err := os.ReadFile("../../README.md")
 	if err != nil {
 		t.Fatal(err)
@@ -72,6 +73,7 @@ func TestREADMECounters(t *testing.T) {
 // TestCountersHaveAColumnOrADoc: every counter is on the card or says in
 // its doc tag what it counts, and every column key names a cell.
 func TestCountersHaveAColumnOrADoc(t *testing.T) {
+	t.Parallel()
 	keys := map[string]bool{}
 	for _, c := range uiReplicaColumns {
 		keys[c.Key] = true

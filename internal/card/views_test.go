@@ -11,6 +11,7 @@ import (
 // would block: inline scripts, inline styles, event-handler attributes,
 // eval, and anything loaded from another origin.
 func TestUIAssetsStrictCSP(t *testing.T) {
+	t.Parallel()
 	banned := map[string]*regexp.Regexp{
 		"inline script":   regexp.MustCompile(`<script(\s[^>]*)?>[^<\s]`),
 		"style element":   regexp.MustCompile(`<style`),
@@ -42,6 +43,7 @@ func TestUIAssetsStrictCSP(t *testing.T) {
 }
 
 func TestUINiceCeil(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct{ in, want float64 }{
 		{0, 1}, {0.3, 1}, {1, 1}, {1.5, 2}, {2, 2}, {3, 5}, {7, 10}, {10, 10}, {11, 20}, {4999, 5000}, {5001, 10000},
 	} {
@@ -55,6 +57,7 @@ func TestUINiceCeil(t *testing.T) {
 // only; the last estimates for turns from that replica go to its tooltip,
 // so spills do not widen the card.
 func TestUISpillDeclinedTooltip(t *testing.T) {
+	t.Parallel()
 	recent := []SpillRow{
 		{From: "r0", To: "r1", StayS: 9.1, MoveS: 3.04, ContextTokens: 12000, Moved: true},
 		{From: "r1", To: "r2", StayS: 1, MoveS: 2},

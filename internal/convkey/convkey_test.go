@@ -11,6 +11,7 @@ import (
 )
 
 func TestFromHeaders(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name        string
 		hdr         map[string]string
@@ -46,6 +47,7 @@ func TestFromHeaders(t *testing.T) {
 // Keys longer than maxKeyLen are kept compact, but the whole key decides the
 // binding: two keys differing only in their last byte are two conversations.
 func TestLongKeysDifferingAtTheEnd(t *testing.T) {
+	t.Parallel()
 	long := strings.Repeat("x", 1000)
 	tests := []struct {
 		name string
@@ -106,6 +108,7 @@ func TestLongKeysDifferingAtTheEnd(t *testing.T) {
 }
 
 func TestSessionFromBody(t *testing.T) {
+	t.Parallel()
 	tests := []struct{ name, body, want string }{
 		{"user_id session form", `{"model":"m","metadata":{"user_id":"user_abc123_account_0f3e_session_2b1e-77"}}`, "2b1e-77"},
 		{"user_id json form", `{"metadata":{"user_id":"{\"device_id\":\"d\",\"account_uuid\":\"a\",\"session_id\":\"9c0d\"}"}}`, "9c0d"},
@@ -150,6 +153,7 @@ func claudeBody(first string, n int, billing string) string {
 }
 
 func TestFingerprintStableAcrossTurns(t *testing.T) {
+	t.Parallel()
 	first := Fingerprint(claudeBody("fix the bug in main.go", 1, "aaa"), DefaultFingerprintBytes)
 	if !strings.HasPrefix(first, fingerprintPrefix) || len(first) != len(fingerprintPrefix)+32 {
 		t.Fatalf("unexpected fingerprint %q", first)
@@ -167,6 +171,7 @@ func TestFingerprintStableAcrossTurns(t *testing.T) {
 }
 
 func TestFingerprintOpenAIAndBounds(t *testing.T) {
+	t.Parallel()
 	a := `{"model":"m","messages":[{"role":"system","content":"sys"},{"role":"user","content":"hello"},{"role":"assistant","content":"hi"}]}`
 	b := `{"model":"m","messages":[{"role":"system","content":"sys"},{"role":"user","content":"hello"},{"role":"assistant","content":"hi"},{"role":"user","content":"more"}]}`
 	if Fingerprint(a, 1024) != Fingerprint(b, 1024) || Fingerprint(a, 1024) == "" {
@@ -236,6 +241,7 @@ func FuzzBodyKeys(f *testing.F) {
 // markers change, the start does not), different after a compaction
 // replaces the history with a summary, 0 when there is no start.
 func TestStartFingerprint(t *testing.T) {
+	t.Parallel()
 	start, lone := SplitStart(StartFingerprint(claudeBody("fix the bug in main.go", 1, "aaa"), DefaultFingerprintBytes))
 	if start == 0 || !lone {
 		t.Fatalf("start %x, lone %v: want a start, and lone (one message)", start, lone)
@@ -268,6 +274,7 @@ func TestStartFingerprint(t *testing.T) {
 // message, read from the same first bytes as the start: a body cut before
 // it is known is refused.
 func TestStartLone(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		body string
 		lone bool
@@ -295,6 +302,7 @@ func TestStartLone(t *testing.T) {
 // one near it (as an engine's parser would read the last) is reported, an
 // escaped name included; "model" inside other members is not a member.
 func TestModelFromBody(t *testing.T) {
+	t.Parallel()
 	far := `{"model":"a","messages":[{"role":"user","content":"` + strings.Repeat("x", SecondModelSpan) + `"}],"model":"b"}`
 	for _, tc := range []struct {
 		name, body string

@@ -8,14 +8,7 @@ import (
 	"time"
 )
 
-// Defaults of working-set admission (see the package doc, "Admission").
-// They were chosen from a sweep of the simulation: docs/admission.md in the
-// repository has the table.
 const (
-	DefaultHighWater   = 1.0
-	DefaultAdmitWindow = time.Minute
-	DefaultAdmitWait   = 5 * time.Minute
-	DefaultAdmitQueue  = 1024
 	// AdmitHysteresis is how far below the high-water mark a replica's
 	// working set must fall, once it reached the mark, before the card
 	// stops showing it full (a fraction of its capacity).

@@ -53,12 +53,6 @@ func (c Cause) Names() []string {
 // String joins Names with ", "; "" when none holds.
 func (c Cause) String() string { return strings.Join(c.Names(), ", ") }
 
-// Defaults of the passive failure signal.
-const (
-	DefaultFailCooldown    = 5 * time.Second
-	DefaultMaxFailCooldown = time.Minute
-)
-
 // flagReplace marks a binding whose replica went down since its last turn:
 // its next turn is placed anew (ReasonReplaced) even when the replica is
 // back by then, so a replica coming back gets conversations by load, not all
@@ -186,9 +180,6 @@ func (r *Router) failLocked(p *replica, now int64, cause Cause) {
 		r.orphan(p)
 	}
 }
-
-// DefaultAbandonAfter is Config.AbandonAfter's default.
-const DefaultAbandonAfter = 3
 
 // abandonState counts the turns a replica left without response headers
 // until their clients gave up (Decision.Abandoned), since its last answer.

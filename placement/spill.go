@@ -16,11 +16,6 @@ const (
 	// DefaultTurnTime is how long a turn is assumed to hold its place in
 	// the engine's batch before one of the replica's turns finished.
 	DefaultTurnTime = 10 * time.Second
-	// DefaultSpillMargin is Config.SpillMargin's default: how much sooner a
-	// moved turn must be expected to get its first token than a staying
-	// one. It pays for what the estimate leaves out: the conversation's
-	// cache left behind on its replica, and the next turn's risk.
-	DefaultSpillMargin = time.Second
 	// spillFactor is how many times its expected wait on the target a
 	// turn must expect to wait on its replica, besides the margin: where
 	// both replicas queue, a difference of a request or two in their

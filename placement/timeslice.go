@@ -14,9 +14,6 @@ const (
 	// turn waits in the admission queue (timeslice.go).
 	flagPaused uint16 = 256
 
-	// DefaultRotateTurns is the quantum: the turns a conversation runs
-	// after it was admitted before it may be paused for one that waits.
-	DefaultRotateTurns = 8
 	// demandEvery: how long, on the Router's clock, a replica's demand by
 	// actual sizes is taken as it was last computed to rule a pause out,
 	// so that the end of every turn does not walk the replica's

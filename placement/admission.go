@@ -216,16 +216,18 @@ func (a *admission) workingSet(p *replica, now int64) int64 {
 // part apart. a.mu held.
 func (a *admission) residentSet(p *replica, now int64) (own, shared int64) {
 	ws := p.busyFP
-	horizon := now - int64(a.cfg.AdmitWindow)
-	for e := p.head; e != nilIdx; e = a.b.ents[e].rnext {
-		en := &a.b.ents[e]
+	f, peak := a.fleet, a.peak()
+	ents := f.b.ents
+	horizon := now - int64(f.cfg.AdmitWindow)
+	for e := p.head; e != nilIdx; e = ents[e].rnext {
+		en := &ents[e]
 		if en.last < horizon {
 			break
 		}
 		if en.busy > 0 || a.quiet(en, now) {
 			continue // in flight (counted in busyFP), paused, or gone quiet
 		}
-		ws += a.projected(en)
+		ws += max(f.footprint(en), peak) // projected
 	}
 	if ws == 0 {
 		return 0, 0
@@ -363,7 +365,7 @@ func (a *admission) oversize(est int64) bool {
 	found := false
 	for _, i := range a.order {
 		p := a.reps[i]
-		if !a.do.usable(p) {
+		if !a.usable(p) {
 			continue
 		}
 		found = true
@@ -383,7 +385,7 @@ func (a *admission) emptiest(now int64) *replica {
 	var bUsed int64
 	for _, i := range a.order {
 		p := a.reps[i]
-		if !a.do.usable(p) {
+		if !a.usable(p) {
 			continue
 		}
 		used := a.workingSet(p, now)
@@ -621,9 +623,9 @@ func (a *admission) admitTicket(t *Ticket, p *replica, now int64, forced bool) {
 	t.state, t.at, t.forced = ticketAdmitted, now, forced
 	defer close(t.ready)
 	if e := a.do.lookup(t.h, now); e != nilIdx && a.b.ents[e].flags&flagPaused != 0 {
-		if p == nil || !a.do.usable(p) {
-			if p = a.reps[a.b.ents[e].rep]; !a.do.usable(p) {
-				p = a.do.pick(now, nil)
+		if p == nil || !a.usable(p) {
+			if p = a.reps[a.b.ents[e].rep]; !a.usable(p) {
+				p = a.do.pick(now)
 			}
 		}
 		if p != nil {
@@ -639,7 +641,7 @@ func (a *admission) admitTicket(t *Ticket, p *replica, now int64, forced bool) {
 		return
 	}
 	if p == nil {
-		p = a.do.pick(now, nil)
+		p = a.do.pick(now)
 	}
 	if p == nil {
 		t.err = ErrNoReplica
@@ -657,7 +659,7 @@ func (a *admission) follow(e int32, now int64) (d Decision, ok bool) {
 	if e == nilIdx {
 		return Decision{}, false
 	}
-	if q := a.reps[a.b.ents[e].rep]; a.do.usable(q) {
+	if q := a.reps[a.b.ents[e].rep]; a.usable(q) {
 		return a.do.stuck(e, q, now), true
 	}
 	a.do.forget(e)
@@ -679,19 +681,6 @@ func (a *admission) estimated(e int32, est int64) {
 	en := &a.b.ents[e]
 	en.ctx = uint32(min(max(est, 0), 1<<32-1))
 	en.flags |= flagEstimated
-}
-
-// bestFor returns the best replica for a conversation of est tokens: in
-// force, the best one it fits on (fitted), else, or when it fits nowhere,
-// the best by score; nil when no replica can be chosen (see placer.pick).
-// a.mu held.
-func (a *admission) bestFor(now, est int64) (p *replica, fitted bool) {
-	if a.on {
-		if p = a.do.pick(now, func(q *replica) bool { return a.fits(q, est, now) }); p != nil {
-			return p, true
-		}
-	}
-	return a.do.pick(now, nil), false
 }
 
 // allows reports whether a conversation of est tokens may go to p: it
@@ -719,7 +708,7 @@ func (a *admission) admitQueued(now int64) int {
 					break
 				}
 			}
-			if p != nil || a.do.usable(a.reps[a.b.ents[e].rep]) {
+			if p != nil || a.usable(a.reps[a.b.ents[e].rep]) {
 				a.admitTicket(t, p, now, false)
 				n++
 				continue
@@ -731,7 +720,7 @@ func (a *admission) admitQueued(now int64) int {
 			n++
 			continue
 		}
-		p, fitted := a.bestFor(now, t.est)
+		p, fitted := a.do.bestFor(now, t.est)
 		if !fitted {
 			break
 		}

@@ -18,6 +18,9 @@ type fleet struct {
 	order []int32    // present replicas, in SetReplicas order
 
 	b bindings
+
+	exclEpoch uint64 // a replica whose exclEpoch equals it is excluded (SetReplicas, a retry's tried ones)
+	lenient   bool   // usable ignores poll and proxy failures (Router.lenientPick)
 }
 
 // advance moves the clock to n unless it is already later, and returns

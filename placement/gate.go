@@ -5,17 +5,20 @@ import "time"
 // The seam between the router and admission. The router asks admission
 // through admission's methods (fits, hold, ended, queueNew, …); admission
 // acts on the router only through placer, which the Router implements
-// here. Both read the fleet they share (fleet.go).
+// here. Both read the fleet they share (fleet.go), and which replicas may
+// be chosen (fleet.usable).
 
 // placer is the router as admission acts on it: where a conversation may
 // go, and binding it there.
 type placer interface {
-	// usable reports whether p may be chosen now (see Router.usable).
-	usable(p *replica) bool
-	// pick returns the best usable replica that ok accepts (nil: any),
-	// asking again with the router's own failure signals ignored when
-	// none is (see Router.lenientPick); nil when there is none.
-	pick(now int64, ok func(*replica) bool) *replica
+	// pick returns the best usable replica, asking again with the
+	// router's own failure signals ignored when none is (see
+	// Router.lenientPick); nil when there is none.
+	pick(now int64) *replica
+	// bestFor returns the best replica for a conversation of est tokens:
+	// the best one it fits on (fitted), else the best by score (see
+	// Router.bestFor).
+	bestFor(now, est int64) (p *replica, fitted bool)
 	// lookup returns the live binding of key hash h (nilIdx: none).
 	lookup(h uint64, now int64) int32
 	// forget drops the binding e.
@@ -31,11 +34,8 @@ type placer interface {
 	moved(e int32, p *replica, now int64) Decision
 }
 
-func (r *Router) pick(now int64, ok func(*replica) bool) *replica {
-	if ok == nil {
-		return r.lenientPick(func() *replica { return r.best(now, nil, false) })
-	}
-	return r.lenientPick(func() *replica { return r.bestWith(now, ok) })
+func (r *Router) pick(now int64) *replica {
+	return r.lenientPick(func() *replica { return r.best(now, nil, false) })
 }
 
 func (r *Router) forget(e int32) { r.removeEntry(e) }

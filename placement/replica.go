@@ -42,7 +42,7 @@ type replica struct {
 
 	measured, predicted, delivered uint64 // sticky turns with a prediction, and their tokens
 
-	exclEpoch uint64 // equals Router.exclEpoch when excluded for the current request
+	exclEpoch uint64 // equals fleet.exclEpoch when excluded for the current request
 
 	kvCap  int   // KV capacity in tokens, last known (Load.KVTokens)
 	polled bool  // a poll has reached it
@@ -99,16 +99,16 @@ func (p *replica) kv() float64 {
 func (p *replica) kvKnown() bool { return p.load.Reachable && !p.load.KVUnknown }
 
 // usable reports whether p may be chosen for the request being routed: it
-// is present, available, not excluded and, unless r.lenient, not out for a
+// is present, available, not excluded and, unless f.lenient, not out for a
 // failure (poll, proxy errors, health check).
-func (r *Router) usable(p *replica) bool {
-	if !p.present || !p.avail || p.exclEpoch == r.exclEpoch {
+func (f *fleet) usable(p *replica) bool {
+	if !p.present || !p.avail || p.exclEpoch == f.exclEpoch {
 		return false
 	}
-	if r.lenient {
+	if f.lenient {
 		return p.down&CauseHealth == 0
 	}
-	return p.down == 0 && p.coolUntil <= r.clock
+	return p.down == 0 && p.coolUntil <= f.clock
 }
 
 // lenientPick returns f's choice; when f finds nothing, it asks again with

@@ -133,9 +133,6 @@ type Router struct {
 	gone int              // known replicas not present
 	rr   uint32           // round-robin offset for ties
 
-	exclEpoch uint64
-	lenient   bool // usable ignores poll and proxy failures (lenientPick)
-
 	requests, keyed, sticky uint64
 	expired, evicted        uint64
 
@@ -536,7 +533,7 @@ func (r *Router) placeNew(req Request, h, parent uint64, now int64, queue bool) 
 	}
 	if p == nil {
 		var fitted bool
-		if p, fitted = r.adm.bestFor(now, est); p == nil {
+		if p, fitted = r.bestFor(now, est); p == nil {
 			return Decision{}, nil, ErrNoReplica
 		}
 		if r.adm.on && !fitted && r.adm.oversize(est) {
@@ -554,6 +551,21 @@ func (r *Router) placeNew(req Request, h, parent uint64, now int64, queue bool) 
 	p.addBacklog(int64(req.Tokens)-int64(p.base), now)
 	p.n.Placed++
 	return r.take(p, ReasonPlaced, e), nil, nil
+}
+
+// bestFor returns the best replica for a conversation of est tokens: under
+// admission the best one it fits on (fitted), else, or when it fits
+// nowhere, the best by score; nil when no replica can be chosen (see
+// lenientPick). r.mu held.
+func (r *Router) bestFor(now, est int64) (p *replica, fitted bool) {
+	if r.adm.on {
+		if p = r.lenientPick(func() *replica {
+			return r.bestWith(now, func(q *replica) bool { return r.adm.fits(q, est, now) })
+		}); p != nil {
+			return p, true
+		}
+	}
+	return r.pick(now), false
 }
 
 // spillTarget returns the best replica other than from that ok accepts and,
@@ -589,7 +601,7 @@ func (r *Router) replace(e int32, from *replica, now int64, reason Reason) (Deci
 	if r.adm.on {
 		est = r.adm.projected(&r.b.ents[e])
 	}
-	p, _ := r.adm.bestFor(now, est)
+	p, _ := r.bestFor(now, est)
 	if p == nil {
 		return Decision{}, ErrNoReplica
 	}

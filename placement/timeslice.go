@@ -88,7 +88,7 @@ func (a *admission) resumeTarget(e int32, now int64) *replica {
 	fp := a.footprint(en)
 	room := func(q *replica) float64 {
 		c := a.capacity(q)
-		if c <= 0 || !a.do.usable(q) {
+		if c <= 0 || !a.usable(q) {
 			return -1
 		}
 		// under the low mark: a conversation resumed at the high one

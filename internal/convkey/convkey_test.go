@@ -2,6 +2,7 @@ package convkey
 
 import (
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 
@@ -124,6 +125,10 @@ func TestSessionFromBody(t *testing.T) {
 		{"nested after top-level", `{"metadata":{"user_id":"user_a_session_top"},"tools":[{"input_schema":{"metadata":{"session_id":"nested"}}}]}`, "top"},
 		{"nested last in an array", `{"metadata":{"session_id":"top"},"tools":[{"metadata":{"session_id":"nested"}}]}`, "top"},
 		{"metadata in a string", `{"metadata":{"session_id":"top"},"messages":[{"role":"user","content":""metadata":{"session_id":"fake"}"}]}`, "top"},
+		// a member name may spell its letters as escapes: found from the start
+		{"escaped member name", `{"metad\u0061ta":{"session_id":"esc"},"messages":[]}`, "esc"},
+		{"no metadata, escapes elsewhere", `{"messages":[{"role":"user","content":"caf\u00e9"}]}`, ""},
+		{"metadata only in the text", `{"messages":[{"role":"user","content":"the \"metadata\" field"}]}`, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -198,6 +203,7 @@ func FuzzBodyKeys(f *testing.F) {
 	f.Add(`{"system":"s","messages":[{"role":"user","content":[1,{"type":"image"}]}]}`)
 	f.Add(`{"messages":[],"metadata":{"user_id":"u_session_s"},"stream":true}`)
 	f.Add(`{"tools":[{"metadata":{"a":"}"}}],"x":1}`)
+	f.Add(`{"metad\u0061ta":{"session_id":"esc"}}`)
 	f.Fuzz(func(t *testing.T, body string) {
 		if k := SessionFromBody(body); len(k) > MaxKeyLen {
 			t.Fatalf("key longer than %d: %d", MaxKeyLen, len(k))
@@ -225,9 +231,16 @@ func FuzzBodyKeys(f *testing.F) {
 				}
 			}
 		}
+		// a body without the member's name (and no escape to spell it)
+		// has no key, as a lookup from the start finds
+		if gjson.Valid(body) && !strings.Contains(body, `"metadata"`) {
+			if got, want := SessionFromBody(body), sessionFromMetadata(gjson.Get(body, "metadata")); got != want {
+				t.Fatalf("key %q, from the start %q", got, want)
+			}
+		}
 		// the fast path from the end agrees with a lookup from the start
 		if gjson.Valid(body) && strings.Count(body, `"metadata"`) == 1 {
-			if v, ok := trailingMetadata(body); ok {
+			if v, ok, _ := trailingMetadata(body); ok {
 				if full := gjson.Get(body, "metadata"); full.Raw != v.Raw {
 					t.Fatalf("from the end %q, from the start %q", v.Raw, full.Raw)
 				}
@@ -328,5 +341,68 @@ func TestModelFromBody(t *testing.T) {
 				t.Fatalf("ModelFromBody = %q, %v; want %q, %v", m, twice, tc.model, tc.twice)
 			}
 		})
+	}
+}
+
+// BenchmarkStart reads a captured Claude Code request's start from its first
+// 4 KiB (restart detection on a bound turn) and its fingerprint key (a
+// request without a key).
+func BenchmarkStart(b *testing.B) {
+	raw, err := os.ReadFile("../../caddymodule/testdata/claudecode/03-conv-a.json")
+	if err != nil {
+		b.Fatal(err)
+	}
+	body := string(raw)
+	head := body[:min(len(body), 4<<10)]
+	b.Run("restart-from-4KiB", func(b *testing.B) {
+		b.SetBytes(int64(len(head)))
+		b.ReportAllocs()
+		for range b.N {
+			if _, ok := StartFromPrefix(head, DefaultFingerprintBytes); !ok {
+				b.Fatal("no start in the first 4 KiB")
+			}
+		}
+	})
+	b.Run("fingerprint-key", func(b *testing.B) {
+		b.SetBytes(int64(len(body)))
+		b.ReportAllocs()
+		for range b.N {
+			if Fingerprint(body, DefaultFingerprintBytes) == "" {
+				b.Fatal("no fingerprint")
+			}
+		}
+	})
+}
+
+func TestLastIndex(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ s, sub string }{
+		{"", "ab"}, {"ab", "ab"}, {"xabyab", "ab"}, {"aaaa", "aa"}, {"abc", "d"}, {"a\"metadata\":1,\"metadata\":2", `"metadata"`},
+	} {
+		if got, want := lastIndex(tc.s, tc.sub), strings.LastIndex(tc.s, tc.sub); got != want {
+			t.Errorf("lastIndex(%q, %q) = %d, want %d", tc.s, tc.sub, got, want)
+		}
+	}
+}
+
+// BenchmarkSessionFromBody looks for the key in a 5 KB body without
+// metadata (a client that sends no key: the fingerprint follows).
+func BenchmarkSessionFromBody(b *testing.B) {
+	var sb strings.Builder
+	sb.WriteString(`{"model":"qwen3-4b","max_tokens":256,"messages":[`)
+	for i := 0; sb.Len() < 5<<10; i++ {
+		if i > 0 {
+			sb.WriteByte(',')
+		}
+		sb.WriteString(`{"role":"user","content":[{"type":"text","text":"turn ` + strings.Repeat("lorem ipsum dolor sit amet ", 40) + `"}]}`)
+	}
+	sb.WriteString(`]}`)
+	body := sb.String()
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for range b.N {
+		if SessionFromBody(body) != "" {
+			b.Fatal("a key in a body without one")
+		}
 	}
 }

@@ -231,6 +231,9 @@ func FuzzBodyKeys(f *testing.F) {
 				}
 			}
 		}
+		if got, want := lastIndex(body, `"metadata"`), strings.LastIndex(body, `"metadata"`); got != want {
+			t.Fatalf("lastIndex %d, strings.LastIndex %d", got, want)
+		}
 		// a body without the member's name (and no escape to spell it)
 		// has no key, as a lookup from the start finds
 		if gjson.Valid(body) && !strings.Contains(body, `"metadata"`) {
@@ -376,8 +379,14 @@ func BenchmarkStart(b *testing.B) {
 
 func TestLastIndex(t *testing.T) {
 	t.Parallel()
+	long := strings.Repeat("x", 5000)
 	for _, tc := range []struct{ s, sub string }{
 		{"", "ab"}, {"ab", "ab"}, {"xabyab", "ab"}, {"aaaa", "aa"}, {"abc", "d"}, {"a\"metadata\":1,\"metadata\":2", `"metadata"`},
+		// across the windows' edges (1 KiB, then 4 more from the end)
+		{long[:1024-3] + "abcdef" + long[:1024], "abcdef"},
+		{"abcdef" + long[:1021], "abcdef"}, {"abcdef" + long[:1018], "abcdef"},
+		{long[:900] + "abcdef" + long[:4000] + "abcdef" + long[:1024], "abcdef"},
+		{"ab" + long + "ab" + long, "ab"}, {long, "abcdef"},
 	} {
 		if got, want := lastIndex(tc.s, tc.sub), strings.LastIndex(tc.s, tc.sub); got != want {
 			t.Errorf("lastIndex(%q, %q) = %d, want %d", tc.s, tc.sub, got, want)
@@ -386,7 +395,8 @@ func TestLastIndex(t *testing.T) {
 }
 
 // BenchmarkSessionFromBody looks for the key in a 5 KB body without
-// metadata (a client that sends no key: the fingerprint follows).
+// metadata (a client that sends no key: the fingerprint follows), and in a
+// 256 KB one with Claude Code's metadata last.
 func BenchmarkSessionFromBody(b *testing.B) {
 	var sb strings.Builder
 	sb.WriteString(`{"model":"qwen3-4b","max_tokens":256,"messages":[`)
@@ -398,11 +408,24 @@ func BenchmarkSessionFromBody(b *testing.B) {
 	}
 	sb.WriteString(`]}`)
 	body := sb.String()
-	b.SetBytes(int64(len(body)))
-	b.ReportAllocs()
-	for range b.N {
-		if SessionFromBody(body) != "" {
-			b.Fatal("a key in a body without one")
+	b.Run("5KB-no-key", func(b *testing.B) {
+		b.SetBytes(int64(len(body)))
+		b.ReportAllocs()
+		for range b.N {
+			if SessionFromBody(body) != "" {
+				b.Fatal("a key in a body without one")
+			}
 		}
-	}
+	})
+	big := `{"model":"qwen3-4b","messages":[` + strings.Repeat(`{"role":"user","content":"lorem ipsum dolor sit amet"},`, 256<<10/52) +
+		`{"role":"user","content":"x"}],"metadata":{"user_id":"user_0_account__session_2b1e7f3a"}}`
+	b.Run("256KB-metadata-last", func(b *testing.B) {
+		b.SetBytes(int64(len(big)))
+		b.ReportAllocs()
+		for range b.N {
+			if SessionFromBody(big) != "2b1e7f3a" {
+				b.Fatal("the key not found")
+			}
+		}
+	})
 }

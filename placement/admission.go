@@ -15,8 +15,8 @@ const (
 	AdmitHysteresis = 0.1
 	// minResidentShare: the shortest time a conversation counts in its
 	// replica's working set after its last turn ended is AdmitWindow over
-	// this (2 s of the default minute).
-	minResidentShare = 30
+	// this (1 s of the default minute).
+	minResidentShare = 60
 	// residentGaps: a conversation whose pauses between turns are known
 	// counts for this many times its longest pause after a turn ends.
 	residentGaps = 2

@@ -442,9 +442,9 @@ func TestSimAdmission(t *testing.T) {
 		// and starts its next conversation at once finds the finished
 		// one still counted (the router cannot tell a finished agent
 		// from one running a tool) for the shortest resident time,
-		// AdmitWindow/30 = 2 s, and the queue is looked at again on the
+		// AdmitWindow/60 = 1 s, and the queue is looked at again on the
 		// next poll: no first turn waits longer than that
-		if limit := (placement.DefaultAdmitWindow/30 + cfg.PollInterval).Seconds(); ad8.WaitFirstP95S > limit {
+		if limit := (placement.DefaultAdmitWindow/60 + cfg.PollInterval).Seconds(); ad8.WaitFirstP95S > limit {
 			t.Errorf("%s, 8 sessions: first turns waited %.2fs (p95) at the router; everything fits, want ≤ %.0fs", m, ad8.WaitFirstP95S, limit)
 		}
 		if ad8.OutputTokensPerMin < 0.97*on8.OutputTokensPerMin {
@@ -473,7 +473,7 @@ func TestSimAdmission(t *testing.T) {
 		// conversations it held finished and their successors wait out
 		// the finished ones' shortest resident time and the next poll:
 		// at most that for each session that completed
-		floor := (placement.DefaultAdmitWindow/30 + cfg.PollInterval).Seconds()
+		floor := (placement.DefaultAdmitWindow/60 + cfg.PollInterval).Seconds()
 		if idle, most := ad.IdleWhileHeldS, floor*float64(ad.CompletedCounts); idle <= 0 || idle > most {
 			t.Errorf("%s, 24 sessions: engines idle %.0f replica·s while turns waited; want above 0 (the counter counts) and ≤ %.0f (%.0f s for each of %d completed sessions)", m, idle, most, floor, ad.CompletedCounts)
 		}

@@ -21,7 +21,7 @@ const (
 	// counts for this many times its longest pause after a turn ends.
 	residentGaps = 2
 	// peakQuantile of the recent turns' footprints is what a conversation
-	// is assumed to grow to (see Router.peak).
+	// is assumed to grow to (see admission.peak).
 	peakQuantile = 0.9
 	peakTurns    = 128 // recent turns kept for it
 	// hitsDecay is the weight of a returning turn in a replica's hit rate

@@ -68,7 +68,7 @@ type slot struct {
 	next *slot
 
 	// the conversation's entry whose turn it holds for admission (nilIdx
-	// = none), that entry's hash and the footprint counted (Router.hold)
+	// = none), that entry's hash and the footprint counted (admission.hold)
 	ent  int32
 	hash uint64
 	fp   int64

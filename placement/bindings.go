@@ -217,6 +217,9 @@ func (r *Router) rpushFront(p *replica, e int32) {
 		p.activeTail = e
 	}
 	p.bindings++
+	if en.flags&flagPaused != 0 {
+		p.paused++
+	}
 }
 
 func (r *Router) runlink(p *replica, e int32) {
@@ -240,4 +243,7 @@ func (r *Router) runlink(p *replica, e int32) {
 	}
 	en.rprev, en.rnext = nilIdx, nilIdx
 	p.bindings--
+	if en.flags&flagPaused != 0 {
+		p.paused--
+	}
 }

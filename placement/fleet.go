@@ -54,6 +54,21 @@ func (f *fleet) footprint(en *entry) int64 {
 	return int64(en.ctx - min(shared, en.ctx))
 }
 
+// setPaused marks the conversation of en paused at a turn boundary or
+// not (flagPaused), counted on its replica (replica.paused, which the
+// replica's list keeps as it links and unlinks entries). f.mu held.
+func (f *fleet) setPaused(en *entry, on bool) {
+	if (en.flags&flagPaused != 0) == on {
+		return
+	}
+	en.flags ^= flagPaused
+	if on {
+		f.reps[en.rep].paused++
+	} else {
+		f.reps[en.rep].paused--
+	}
+}
+
 // engineKV is the KV p's engine reports in use, in tokens: its gauge times
 // its capacity; -1 when either is unknown. f.mu held.
 func (f *fleet) engineKV(p *replica) int64 {

@@ -115,7 +115,7 @@ func (r *Router) Admission() AdmissionSnapshot {
 	for _, i := range r.order {
 		p := r.reps[i]
 		a.add(r.adm.workingSet(p, r.clock), r.capacity(p), r.engineKV(p), r.adm.strained(p))
-		a.Paused += r.adm.pausedOn(p)
+		a.Paused += p.paused
 	}
 	return a
 }

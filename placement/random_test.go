@@ -43,9 +43,12 @@ func checkInvariants(t *testing.T, r *Router) {
 		if r.byID[p.id] != int32(i) || p.idx != int32(i) {
 			t.Fatalf("replica %s: index %d, byID %d", p.id, i, r.byID[p.id])
 		}
-		cnt, act, prev, inactiveSeen := 0, 0, nilIdx, false
+		cnt, act, paused, prev, inactiveSeen := 0, 0, 0, nilIdx, false
 		for e := p.head; e != nilIdx; e = r.b.ents[e].rnext {
 			en := r.b.ents[e]
+			if en.flags&flagPaused != 0 {
+				paused++
+			}
 			if en.rprev != prev || en.rep != p.idx {
 				t.Fatalf("replica %s list broken at %d", p.id, e)
 			}
@@ -65,6 +68,9 @@ func checkInvariants(t *testing.T, r *Router) {
 		}
 		if cnt != p.bindings || act != p.active || prev != p.tail {
 			t.Fatalf("replica %s: list %d/%d active, counters %d/%d", p.id, cnt, act, p.bindings, p.active)
+		}
+		if paused != p.paused {
+			t.Fatalf("replica %s: %d paused in its list, counter %d", p.id, paused, p.paused)
 		}
 		if (act == 0) != (p.activeTail == nilIdx) {
 			t.Fatalf("replica %s: activeTail %d with %d active", p.id, p.activeTail, act)

@@ -36,6 +36,7 @@ type replica struct {
 	// bindings list, most recent first; entries head..activeTail are active.
 	head, tail, activeTail int32
 	bindings, active       int
+	paused                 int // of the bindings, those paused at a turn boundary (flagPaused)
 
 	n    Counters // what was decided here (snapshot.go)
 	cost cost     // the spill cost model's figures (spill.go)

@@ -421,7 +421,7 @@ func (r *Router) route(req Request, queue bool) (Decision, *Ticket, error) {
 				return Decision{}, t, nil
 			}
 		}
-		r.b.ents[e].flags &^= flagPaused
+		r.setPaused(&r.b.ents[e], false)
 	}
 	if again {
 		// the conversation was compacted or cleared and continues with

@@ -169,7 +169,7 @@ func (r *Router) Snapshot() Snapshot {
 			InFlight:      int(p.inflight.Load()),
 			Counters:      p.n,
 			MeasuredTurns: p.measured, PredictedTokens: p.predicted, DeliveredTokens: p.delivered,
-			Bindings: p.bindings, Active: p.active, Paused: r.adm.pausedOn(p), Load: p.load,
+			Bindings: p.bindings, Active: p.active, Paused: p.paused, Load: p.load,
 			WorkingSet: ws, Capacity: c, Full: p.full,
 			EngineKV: r.engineKV(p), Hits: p.hits, Busy: p.busy,
 			PrefillRate: p.cost.rate, TurnTime: time.Duration(p.cost.turn * 1e9),

@@ -56,7 +56,7 @@ func (a *admission) maybePause(e int32, now int64) {
 			return
 		}
 	}
-	en.flags |= flagPaused
+	a.setPaused(en, true)
 	en.runs = 0
 	a.reps[en.rep].demandAt = 0
 	a.pausedTotal++
@@ -126,7 +126,7 @@ func (a *admission) actualLoad(p *replica, now int64, fresh bool) float64 {
 // resume admits the paused conversation of entry e on p at now. a.mu held.
 func (a *admission) resume(e int32, p *replica, now int64) Decision {
 	en := &a.b.ents[e]
-	en.flags &^= flagPaused
+	a.setPaused(en, false)
 	en.runs = 0
 	p.demandAt = 0 // it counts there again
 	p.n.Resumed++
@@ -150,15 +150,4 @@ func (a *admission) othersResident(e int32, p *replica, now int64) bool {
 		}
 	}
 	return false
-}
-
-// pausedOn counts the conversations bound to p that are paused. a.mu held.
-func (a *admission) pausedOn(p *replica) int {
-	n := 0
-	for e := p.head; e != nilIdx; e = a.b.ents[e].rnext {
-		if a.b.ents[e].flags&flagPaused != 0 {
-			n++
-		}
-	}
-	return n
 }

@@ -546,11 +546,8 @@ func (r *Router) placeNew(req Request, h, parent uint64, now int64, queue bool) 
 			return r.adm.queueNew(req, h, est, now)
 		}
 	}
-	e := r.insert(h, p, now, req.Start)
-	r.adm.estimated(e, est)
 	p.addBacklog(int64(req.Tokens)-int64(p.base), now)
-	p.n.Placed++
-	return r.take(p, ReasonPlaced, e), nil, nil
+	return r.place(h, req.Start, p, est, now), nil, nil
 }
 
 // bestFor returns the best replica for a conversation of est tokens: under

@@ -833,9 +833,11 @@ func (a *admission) snapshot() AdmissionSnapshot {
 	return s
 }
 
-// add sums one replica's working set ws, capacity c and engine's KV in
-// use kv (-1 unknown) into a; strained says its engine confirms pressure.
-func (a *AdmissionSnapshot) add(ws, c, kv int64, strained bool) {
+// add sums one replica's working set ws, capacity c, engine's KV in use
+// kv (-1 unknown) and paused conversations into a; strained says its
+// engine confirms pressure.
+func (a *AdmissionSnapshot) add(ws, c, kv int64, strained bool, paused int) {
+	a.Paused += paused
 	a.WorkingSetTokens += ws
 	a.CapacityTokens += c
 	if kv >= 0 {

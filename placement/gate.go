@@ -114,8 +114,7 @@ func (r *Router) Admission() AdmissionSnapshot {
 	a := r.adm.snapshot()
 	for _, i := range r.order {
 		p := r.reps[i]
-		a.add(r.adm.workingSet(p, r.clock), r.capacity(p), r.engineKV(p), r.adm.strained(p))
-		a.Paused += p.paused
+		a.add(r.adm.workingSet(p, r.clock), r.capacity(p), r.engineKV(p), r.adm.strained(p), p.paused)
 	}
 	return a
 }

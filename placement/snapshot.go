@@ -175,8 +175,7 @@ func (r *Router) Snapshot() Snapshot {
 			PrefillRate: p.cost.rate, TurnTime: time.Duration(p.cost.turn * 1e9),
 		})
 		row := &s.Replicas[len(s.Replicas)-1]
-		s.Admission.add(row.WorkingSet, row.Capacity, row.EngineKV, r.adm.strained(p))
-		s.Admission.Paused += row.Paused
+		s.Admission.add(row.WorkingSet, row.Capacity, row.EngineKV, r.adm.strained(p), row.Paused)
 	}
 	slices.SortFunc(s.Replicas, func(a, b ReplicaSnapshot) int {
 		switch {

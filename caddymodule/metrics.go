@@ -319,21 +319,22 @@ var _ prometheus.Collector = collector{}
 
 // reasonCounters are the placement.Counters that count requests by the
 // reason of lm_warden_requests_total their reason tag names.
-var reasonCounters = func() (out []struct {
-	reason string
-	field  int
-}) {
+var reasonCounters = func() (out []reasonCounter) {
 	t := reflect.TypeFor[placement.Counters]()
 	for i := range t.NumField() {
 		if reason := t.Field(i).Tag.Get("reason"); reason != "" {
-			out = append(out, struct {
-				reason string
-				field  int
-			}{reason, i})
+			out = append(out, reasonCounter{reason, i})
 		}
 	}
 	return out
 }()
+
+// reasonCounter is a reason of lm_warden_requests_total and the index of
+// the placement.Counters field that counts it.
+type reasonCounter struct {
+	reason string
+	field  int
+}
 
 // reasonNames lists the reasons of lm_warden_requests_total.
 func reasonNames() string {

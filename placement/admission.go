@@ -300,14 +300,16 @@ func (a *admission) demand(p *replica, first, est, now int64, size func(*entry) 
 	avg := float64(p.base) + float64(est)*sn
 	whole := float64(p.base) + float64(est)
 	vr := float64(est) * float64(est) * sn * (1 - sn) // the variance
-	horizon := now - int64(a.cfg.AdmitWindow)
-	for e := p.head; e != nilIdx; e = a.b.ents[e].rnext {
-		en := &a.b.ents[e]
+	f := a.fleet
+	ents := f.b.ents
+	horizon := now - int64(f.cfg.AdmitWindow)
+	for e := p.head; e != nilIdx; e = ents[e].rnext {
+		en := &ents[e]
 		if en.last < horizon {
 			break
 		}
 		if en.busy > 0 {
-			inFlight += a.footprint(en) // what its turn holds now
+			inFlight += f.footprint(en) // what its turn holds now
 		} else if a.quiet(en, now) {
 			continue
 		}

@@ -185,7 +185,8 @@ func admitLoaded(n, perReplica int) (*Router, []string) {
 }
 
 // BenchmarkAdmission: a sticky turn with admission in force (routing and
-// releasing, which then takes the lock to end the turn's hold), and the
+// releasing, which then takes the lock to end the turn's hold), the same
+// with time-slicing's check at the turn's end computed afresh, and the
 // decision for a new conversation, which sums every replica's resident
 // working set (8 conversations each), with the release and unbinding that
 // keep the next decision's state the same.
@@ -203,6 +204,28 @@ func BenchmarkAdmission(b *testing.B) {
 			d.Release()
 		}
 	})
+	// a turn under time-slicing: routed sticky and ended, when its
+	// replica's demand is computed anew to rule a pause out (the clock
+	// steps back and forth past demandEvery, so the kept figure never
+	// serves), over every replica's conversations in turn
+	for _, n := range []int{7, 64, 256} {
+		b.Run(fmt.Sprint("turn/replicas=", n), func(b *testing.B) {
+			r, keys := admitLoaded(n, 8)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				at := t0.Add(time.Duration(i&1) * (demandEvery + demandEvery/2))
+				d, tk, err := r.Admit(Request{Key: keys[i%len(keys)], Tokens: 12500, Now: at})
+				if err != nil || tk != nil || d.Reason != ReasonSticky {
+					b.Fatal(d.Reason, tk, err)
+				}
+				d.ReleaseAt(at)
+			}
+			if a := r.Admission(); a.PausedTotal != 0 {
+				b.Fatalf("%d conversations paused", a.PausedTotal)
+			}
+		})
+	}
 	fresh := sessionKeys(1 << 16)
 	for i := range fresh {
 		fresh[i] = "new-" + fresh[i]

@@ -302,7 +302,10 @@ func (p *demoProxy) Caddyfile(mode string) string {
 		ups = append(ups, strings.TrimPrefix(u, "http://"))
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "{\n\tadmin %s\n\tpersist_config off\n\tauto_https off\n\tlog {\n\t\tlevel ERROR\n\t}\n}\n\n", p.admin)
+	// The routing card is for a browser, which sends Sec-Fetch-Mode and
+	// so makes Caddy check the request's origin: a typed-in URL has none
+	// (the empty origin), the page's own requests the admin address's.
+	fmt.Fprintf(&b, "{\n\tadmin %s {\n\t\torigins %s\n\t}\n\tpersist_config off\n\tauto_https off\n\tlog {\n\t\tlevel ERROR\n\t}\n}\n\n", p.admin, adminOrigins(p.admin))
 	fmt.Fprintf(&b, "http://%s {\n\tbind 127.0.0.1\n", p.listen)
 	switch mode {
 	case bench.ModeDefault:
@@ -342,6 +345,23 @@ func (p *demoProxy) Caddyfile(mode string) string {
 	fmt.Fprintf(&b, "\t\ttransport http {\n\t\t\tdial_timeout 3s\n\t\t\tresponse_header_timeout %s\n\t\t}\n", p.rht)
 	b.WriteString("\t\tflush_interval -1\n\t}\n}\n")
 	return b.String()
+}
+
+// adminOrigins are the origins Caddy's admin endpoint at addr accepts for
+// the routing card: addr itself, the same port on localhost when addr is a
+// loopback address, and the empty origin of a typed-in URL.
+func adminOrigins(addr string) string {
+	o := []string{addr}
+	if host, port, err := net.SplitHostPort(addr); err == nil {
+		if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() || host == "localhost" {
+			for _, h := range []string{"localhost", "127.0.0.1", "[::1]"} {
+				if hp := h + ":" + port; hp != addr && !(h == "[::1]" && host == "::1") {
+					o = append(o, hp)
+				}
+			}
+		}
+	}
+	return strings.Join(o, " ") + ` ""`
 }
 
 // policyTail ends the lm_warden policy's block: the times scaled to the

@@ -145,6 +145,11 @@ func TestDemoDefaultCaddyfile(t *testing.T) {
 			t.Errorf("the default mode's Caddyfile lacks %q:\n%s", want, def)
 		}
 	}
+	// a browser opens the card: typed in (the empty origin) or from the
+	// page at the admin address
+	if want := "origins 127.0.0.1:1 localhost:1 [::1]:1 \"\""; !strings.Contains(def, want) {
+		t.Errorf("the admin block lacks %q:\n%s", want, def)
+	}
 	on := p.Caddyfile(bench.ModeOn)
 	for _, want := range []string{"affinity on", "admission off", "restart_detection off"} {
 		if !strings.Contains(on, want) {

@@ -9,6 +9,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -105,14 +106,14 @@ func addCommon(fs *flag.FlagSet, c *common, w bench.Workload, stageLength, warmu
 	fs.DurationVar(&c.stageLength, "stage-length", stageLength, "measured length of a stage, engine time")
 	fs.DurationVar(&c.warmup, "warmup", warmup, "warm-up before each stage's measurement, engine time")
 	fs.Float64Var(&c.w.CompactShare, "compact-share", w.CompactShare, "share of sessions that compact their history into a summary (the same session ID, the history replaced by a summary)")
-	fs.IntVar(&c.w.CompactAfter, "compact-after", 3, "compacting sessions compact after this many turns")
-	fs.IntVar(&c.w.CompactTokens, "compact-tokens", 800, "tokens of the summary that replaces a compacted history")
+	fs.IntVar(&c.w.CompactAfter, "compact-after", cmp.Or(w.CompactAfter, 3), "compacting sessions compact after this many turns")
+	fs.IntVar(&c.w.CompactTokens, "compact-tokens", cmp.Or(w.CompactTokens, 800), "tokens of the summary that replaces a compacted history")
 	fs.StringVar(&c.out, "out", "warden-bench-out", "directory for report.json, table.md and the PNG charts")
 	fs.BoolVar(&c.w.Interactive, "interactive", w.Interactive, "pauses of a person at the keyboard instead of --think: irregular, 2 s to 3 min (log-uniform), and a tenth of them 5-15 min (the conversation goes quiet without ending)")
 	fs.DurationVar(&c.w.Waves, "waves", w.Waves, "start sessions in waves this far apart, engine time: all at their first turn when a stage begins, each next one at the next wave (0: staggered, back to back)")
 }
 
-const presetHelp = "4gpu (4 × A4000, Qwen3-4B, 14k-token sessions), 7gpu (7 × RTX 5090, 27B, 58k-token sessions, 16 vs 26 sessions), seqs8 (4gpu with max_num_seqs 8), waves (4gpu with sessions starting in waves a minute apart) or fleet (7gpu with agents that run 60 turns and grow to ≈115k tokens, 40-minute stages)"
+const presetHelp = "4gpu (4 × A4000, Qwen3-4B, 14k-token sessions), 7gpu (7 × RTX 5090, 27B, 58k-token sessions, 16 vs 26 sessions), seqs8 (4gpu with max_num_seqs 8), waves (4gpu with sessions starting in waves a minute apart) or fleet (7gpu with agents that run 60 turns, grow toward the 131k context and compact at Claude Code's threshold, 40-minute stages)"
 
 // httpModes checks the modes of a run over HTTP: the lifecycle mode needs
 // Caddy configurations the demo writes (restart detection off for on,

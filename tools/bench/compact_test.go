@@ -78,8 +78,10 @@ func TestClientCompaction(t *testing.T) {
 				}
 				s.Answer(" the code")
 			}
-			if late := g.NextAt(3); late.CompactAt != 0 || late.History(4)[0].Text != late.Messages[0] {
-				t.Errorf("a session started past the compaction turn compacts (at %d)", late.CompactAt)
+			// a session started past its compaction turn has compacted:
+			// the summary, then the turns since
+			if late := g.NextAt(3); late.CompactAt != 2 || late.History(4)[0].Text != late.Summary || late.History(4)[1].Text != late.Messages[2] {
+				t.Errorf("a session started past the compaction turn: compact at %d, history starts %.40q", late.CompactAt, late.History(4)[0].Text)
 			}
 		})
 	}
@@ -138,3 +140,28 @@ func TestClientCompactionOnEmulator(t *testing.T) {
 // emulatorBlock is the emulator's KV block: a cached prefix is counted in
 // whole blocks.
 const emulatorBlock = 16
+
+// TestCompactTurn: Claude Code's own compaction threshold (window less the
+// 20,000-token output reserve and the 13,000-token buffer) and the turn at
+// which the fleet preset's agents reach it.
+func TestCompactTurn(t *testing.T) {
+	if got := ClaudeCodeCompactLimit(131072); got != 98072 {
+		t.Errorf("limit for a 131,072-token window: %d, want 98,072", got)
+	}
+	w := FleetSimConfig().Workload
+	for _, c := range []struct {
+		limit, want int
+	}{
+		{98072, 50},       // 3,500 + 8,000 + 50 × 1,756 = 99,300 is the first over
+		{11500, 1},        // the first turn's prompt is the limit: the second passes it
+		{11499 + 1756, 1}, // just under the second turn's prompt
+		{1 << 30, w.Turns},
+	} {
+		if got := w.CompactTurn(c.limit); got != c.want {
+			t.Errorf("CompactTurn(%d) = %d, want %d", c.limit, got, c.want)
+		}
+	}
+	if w.CompactShare != 1 || w.CompactAfter != 50 || w.CompactTokens != FleetSummaryTokens {
+		t.Errorf("fleet preset compacts %v of its agents at turn %d into %d tokens", w.CompactShare, w.CompactAfter, w.CompactTokens)
+	}
+}

@@ -128,13 +128,26 @@ func SimPreset(name string) (SimConfig, error) {
 
 // FleetSimConfig is the 7-GPU story's agents as they run: headless agents
 // that keep going for 60 turns (an 8,000-token first message, 1,500 new
-// tokens a turn, 3 s tool pauses), so a conversation grows to ≈115k tokens
-// and ends rarely; 16 of them fit the seven caches, 26 do not (≈1.5M
-// tokens against 7 × 144k). Stages are 40 minutes after 5 of warm-up.
+// tokens a turn, 3 s tool pauses), growing toward the model's context
+// (131,072 tokens); each compacts, as Claude Code does on its own, at the
+// turn whose prompt would pass Claude Code's threshold
+// (ClaudeCodeCompactLimit: 98,072 tokens, turn 50 at these sizes), its
+// history replaced by a FleetSummaryTokens summary under the same session
+// ID, and runs its last turns from there. 16 of them fit the seven caches,
+// 26 do not (≈1.4M tokens against 7 × 144k). Stages are 40 minutes after
+// 5 of warm-up.
 func FleetSimConfig() SimConfig {
 	c := SevenGPUSimConfig()
-	c.Workload.Turns, c.Workload.FirstTokens, c.Workload.TurnTokens = 60, 8000, 1500
+	w := &c.Workload
+	w.Turns, w.FirstTokens, w.TurnTokens = 60, 8000, 1500
+	w.CompactShare, w.CompactTokens = 1, FleetSummaryTokens
+	w.CompactAfter = w.CompactTurn(ClaudeCodeCompactLimit(c.Engine.MaxModelLen))
 	c.Modes = []string{ModeHeader, ModeOn, ModeAdmit}
 	c.StageLength, c.Warmup = 40*time.Minute, 5*time.Minute
 	return c
 }
+
+// FleetSummaryTokens is the size of the summary a fleet agent's history is
+// compacted into: a few thousand tokens, as Claude Code's structured
+// summaries of a long session run.
+const FleetSummaryTokens = 4000

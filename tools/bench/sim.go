@@ -506,8 +506,16 @@ func (s *simulator) newSession(sl *simSlot, start int) {
 	sl.hist = append(sl.hist[:0], s.sysTok...)
 	sl.compacted = false
 	sl.start = xxhash.Sum64String(sl.sess.Messages[0])
-	for t, a := range sl.sess.Answers {
-		sl.hist = emulator.AppendTokens(sl.hist, emulator.RenderMessage("user", sl.sess.Messages[t]))
+	from := 0
+	if c := sl.sess.CompactAt; c > 0 && start > c {
+		// started past its compaction (NextAt): the summary, then the
+		// turns since
+		sl.compacted, from = true, c
+		sl.start = xxhash.Sum64String(sl.sess.Summary)
+		sl.hist = emulator.AppendTokens(sl.hist, emulator.RenderMessage("user", sl.sess.Summary))
+	}
+	for t, a := range sl.sess.Answers[from:] {
+		sl.hist = emulator.AppendTokens(sl.hist, emulator.RenderMessage("user", sl.sess.Messages[from+t]))
 		sl.hist = append(sl.hist, s.genTok...)
 		sl.hist = emulator.AppendTokens(sl.hist, a)
 		sl.hist = append(sl.hist, s.endTok...)

@@ -133,6 +133,36 @@ func SevenGPUWorkload() Workload {
 	}
 }
 
+// Claude Code compacts a conversation on its own once the prompt reaches
+// its context window less an output reserve of min(max output tokens,
+// 20,000) and a 13,000-token buffer (2.1.197: the compaction threshold
+// beside CLAUDE_AUTOCOMPACT_PCT_OVERRIDE); ClaudeCodeCompactLimit is that
+// threshold for a model's window with the full reserve.
+const (
+	claudeCodeOutputReserve = 20000
+	claudeCodeCompactBuffer = 13000
+)
+
+// ClaudeCodeCompactLimit is the prompt size, in tokens, at which Claude
+// Code compacts a conversation on a model with a context window of window
+// tokens.
+func ClaudeCodeCompactLimit(window int) int {
+	return window - claudeCodeOutputReserve - claudeCodeCompactBuffer
+}
+
+// CompactTurn is the first turn (0-based) whose prompt would pass limit
+// tokens at the workload's nominal sizes: the turn at which a session that
+// compacts at limit sends its summary instead of its history. It is Turns
+// when no turn does.
+func (w Workload) CompactTurn(limit int) int {
+	for t := 1; t < w.Turns; t++ {
+		if w.SystemTokens+w.FirstTokens+t*(w.TurnTokens+w.OutputTokens) > limit {
+			return t
+		}
+	}
+	return w.Turns
+}
+
 // SessionTokens is the nominal size of a session's last prompt plus its last
 // answer: the KV a session holds when it ends.
 func (w Workload) SessionTokens() int {
@@ -218,9 +248,10 @@ func (g *Generator) NextAt(start int) *Session {
 	for range start {
 		s.Answer(textOfTokens(r, s.OutputTokens, g.count))
 	}
-	if g.Compacts(s) && start <= g.w.CompactAfter {
+	if g.Compacts(s) {
 		// as the sim: a session compacts when it sends its CompactAfter
-		// turn, so one started past it never does
+		// turn; one started past it has compacted already, so its history
+		// starts with the summary (an agent that ran this long has)
 		s.CompactAt, s.Summary = g.w.CompactAfter, g.Summary(s)
 	}
 	return s
@@ -282,8 +313,7 @@ type Session struct {
 	// Think is the client's pause before each turn (0 before the first).
 	Think []time.Duration
 	// CompactAt, when positive, is the turn at which the session compacts
-	// (NextAt sets it for the sessions Compacts chooses that start at or
-	// before it): from that turn on, History starts with Summary, as
+	// (NextAt sets it for the sessions Compacts chooses): from that turn on, History starts with Summary, as
 	// Claude Code's /compact replaces the history under the same session
 	// ID, followed by the turns since.
 	CompactAt int

@@ -288,7 +288,12 @@ func (a *admission) absorbs(p *replica, first, est, now, high int64) bool {
 // first request, and the sizes (by size) of all resident conversations
 // and the new one at their shares of the time in flight plus one standard
 // deviation, at most all of them whole. Paused conversations and those
-// gone quiet do not count. a.mu held.
+// gone quiet do not count. A turn in flight counts however long ago it was
+// sent: in an engine so full that turns take longer than AdmitWindow, a
+// walk that stopped at the window's horizon would miss the turns holding
+// its KV, find room there and overfill it further (the fleet at 40
+// sessions did so until every turn recomputed its history); the walk goes
+// past the horizon until it has met the replica's heldN turns. a.mu held.
 func (a *admission) demand(p *replica, first, est, now int64, size func(*entry) int64) (inFlight int64, load float64) {
 	turn := p.cost.turn
 	if turn <= 0 {
@@ -303,10 +308,16 @@ func (a *admission) demand(p *replica, first, est, now int64, size func(*entry) 
 	f := a.fleet
 	ents := f.b.ents
 	horizon := now - int64(f.cfg.AdmitWindow)
+	seen := 0
 	for e := p.head; e != nilIdx; e = ents[e].rnext {
 		en := &ents[e]
-		if en.last < horizon {
-			break
+		if en.busy > 0 {
+			seen++
+		} else if en.last < horizon {
+			if seen >= p.heldN {
+				break
+			}
+			continue
 		}
 		if en.busy > 0 {
 			inFlight += f.footprint(en) // what its turn holds now
@@ -467,6 +478,7 @@ func (a *admission) hold(p *replica, e int32, s *slot) {
 	fp := a.projected(en)
 	en.busy++
 	p.busyFP += fp
+	p.heldN++
 	s.ent, s.hash, s.fp = e, en.hash, fp
 }
 
@@ -474,6 +486,7 @@ func (a *admission) hold(p *replica, e int32, s *slot) {
 // ended then, and room may have appeared for a waiting one. a.mu held.
 func (a *admission) ended(s *slot, now int64) {
 	s.rep.busyFP -= s.fp
+	s.rep.heldN--
 	ended := nilIdx
 	if int(s.ent) < len(a.b.ents) {
 		en := &a.b.ents[s.ent]

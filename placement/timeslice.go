@@ -140,10 +140,16 @@ func (a *admission) resume(e int32, p *replica, now int64) Decision {
 // resident on p (in flight, or neither paused nor gone quiet). a.mu held.
 func (a *admission) othersResident(e int32, p *replica, now int64) bool {
 	horizon := now - int64(a.cfg.AdmitWindow)
+	seen := 0
 	for o := p.head; o != nilIdx; o = a.b.ents[o].rnext {
 		en := &a.b.ents[o]
-		if en.last < horizon {
-			break
+		if en.busy > 0 {
+			seen++
+		} else if en.last < horizon {
+			if seen >= p.heldN {
+				break // see demand
+			}
+			continue
 		}
 		if o != e && (en.busy > 0 || !a.quiet(en, now)) {
 			return true

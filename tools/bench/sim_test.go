@@ -548,15 +548,17 @@ func TestWorkloadWaves(t *testing.T) {
 }
 
 // TestSimFleetTimeSlicing runs the fleet preset: agents that keep going
-// for 60 turns and grow to ≈115k tokens. At 16 sessions they fit the seven
-// caches and admission holds nobody back; at 26 they do not, and
-// turn-boundary time-slicing keeps a subset resident and rotates it, where
-// affinity alone recomputes most prompts. A paused conversation's turn
-// waits at most AdmitWait (then it runs anyway): no session starves.
+// for 60 turns, growing toward the model's context until they compact. At
+// 16 sessions they fit the seven caches and admission holds nobody back;
+// at 26 and 40 they do not, and turn-boundary time-slicing keeps a subset
+// resident and rotates it, where affinity alone recomputes most prompts.
+// A paused conversation's turn waits at most AdmitWait (then it runs
+// anyway): no session starves.
 func TestSimFleetTimeSlicing(t *testing.T) {
 	sweep(t)
 	cfg := FleetSimConfig()
 	cfg.Modes = []string{ModeOn, ModeAdmit}
+	cfg.Stages = []int{16, 26, 40}
 	rep := simLogged(t, cfg)
 	on16, _ := rep.Find(ModeOn, 16)
 	ad16, _ := rep.Find(ModeAdmit, 16)
@@ -573,6 +575,14 @@ func TestSimFleetTimeSlicing(t *testing.T) {
 	}
 	if most := (placement.DefaultAdmitWait + cfg.PollInterval).Seconds(); ad26.WaitLaterMaxS > most || ad16.WaitLaterMaxS > most {
 		t.Errorf("later turns waited up to %.0f s (16) and %.0f s (26) at the router; want ≤ %.0f", ad16.WaitLaterMaxS, ad26.WaitLaterMaxS, most)
+	}
+	on40, _ := rep.Find(ModeOn, 40)
+	ad40, _ := rep.Find(ModeAdmit, 40)
+	if ad40.PrefixHitPct < 60 || ad40.OutputTokensPerMin < 2*on40.OutputTokensPerMin {
+		t.Errorf("40 sessions: admit %.1f %% hits, %.0f tok/min; want ≥ 60 %% and ≥ 2× on's %.0f", ad40.PrefixHitPct, ad40.OutputTokensPerMin, on40.OutputTokensPerMin)
+	}
+	if most := (placement.DefaultAdmitWait + cfg.PollInterval).Seconds(); ad40.WaitLaterMaxS > most || ad40.WaitFirstP95S > most {
+		t.Errorf("40 sessions: turns waited up to %.0f s (later) and %.0f s (first, p95) at the router; want ≤ %.0f", ad40.WaitLaterMaxS, ad40.WaitFirstP95S, most)
 	}
 	if ad26.WaitLaterP95S <= 0 {
 		t.Errorf("26 sessions: no later turn waited: nothing was paused")

@@ -26,11 +26,7 @@ func TestTimeSlicingHoldsAPausedTurn(t *testing.T) {
 	// client that sends one turn after the other keeps each in flight
 	// about half the time once the engine's turns are long against the
 	// round trips between them (slowed 50×: about half a second)
-	emu, _ := admissionSite(t, model, "kv_tokens 2300", "")
-	if err := emu.SetSlow(0, 50); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = emu.SetSlow(0, 1) })
+	timeSlicingSite(t, model)
 	turn := func(id, want string) {
 		t.Helper()
 		if r := sendTurn(t, "/v1/messages", bigTurn(id), session(id)); r.status != 200 || r.reason != want {
@@ -80,6 +76,20 @@ func TestTimeSlicingHoldsAPausedTurn(t *testing.T) {
 	}
 }
 
+// timeSlicingSite is admissionSite with a replica of 2,300 KV tokens and
+// its engine slowed 50×: one bigTurn-sized conversation fits, two do not,
+// and turns last long enough against the round trips between them that a
+// conversation is in flight about half the time (see
+// TestTimeSlicingHoldsAPausedTurn).
+func timeSlicingSite(t *testing.T, model string) {
+	t.Helper()
+	emu, _ := admissionSite(t, model, "kv_tokens 2300", "")
+	if err := emu.SetSlow(0, 50); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = emu.SetSlow(0, 1) })
+}
+
 // pausedWaits is the count of lm_warden_paused_wait_seconds, all models.
 func pausedWaits(t *testing.T) uint64 {
 	var n uint64
@@ -105,11 +115,7 @@ func derefOr(p *float64) any {
 // usage: cache_read_input_tokens).
 func TestTimeSlicingClaudeCodeToolResult(t *testing.T) {
 	const model = "ts-tool"
-	emu, _ := admissionSite(t, model, "kv_tokens 2300", "")
-	if err := emu.SetSlow(0, 50); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = emu.SetSlow(0, 1) })
+	timeSlicingSite(t, model)
 	a := newToolAgent("A")
 	a.turn(t, "placed")
 	if r := sendTurn(t, "/v1/messages", bigTurn("B"), session("B")); r.status != 200 || r.reason != "placed" {

@@ -311,12 +311,9 @@ func (a *admission) demand(p *replica, first, est, now int64, size func(*entry) 
 	seen := 0
 	for e := p.head; e != nilIdx; e = ents[e].rnext {
 		en := &ents[e]
-		if en.busy > 0 {
-			seen++
-		} else if en.last < horizon {
-			if seen >= p.heldN {
-				break
-			}
+		if stop, skip := p.pastHorizon(en, horizon, &seen); stop {
+			break
+		} else if skip {
 			continue
 		}
 		if en.busy > 0 {
@@ -334,6 +331,22 @@ func (a *admission) demand(p *replica, first, est, now int64, size func(*entry) 
 		vr += sz * sz * sh * (1 - sh)
 	}
 	return inFlight, min(whole, avg+math.Sqrt(vr))
+}
+
+// pastHorizon is how a walk of p's conversations, most recent first,
+// takes en: a conversation last used before horizon is skipped (skip),
+// and the walk may stop there (stop) once it has met every turn in flight
+// on p (heldN; seen counts them). A turn in flight counts however long ago
+// it was sent (see demand).
+func (p *replica) pastHorizon(en *entry, horizon int64, seen *int) (stop, skip bool) {
+	if en.busy > 0 {
+		*seen++
+		return false, false
+	}
+	if en.last < horizon {
+		return *seen >= p.heldN, true
+	}
+	return false, false
 }
 
 // idle reports whether p sits idle: nothing in flight to it through this

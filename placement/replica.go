@@ -49,9 +49,9 @@ type replica struct {
 	polled bool  // a poll has reached it
 	full   bool  // reached the high-water mark and not yet below the low-water mark
 	busyFP int64 // footprints of the conversations' turns in flight here (admission)
-	// heldN counts those turns; a walk of the replica's conversations
+	// heldN counts those turns: a walk of the replica's conversations
 	// stops at the resident horizon only once it has met that many
-	// (pastHorizon)
+	// (replica.pastHorizon)
 	heldN int
 	// time-slicing's last demand by actual sizes here and when it was
 	// computed (0: to be computed; timeslice.go, actualLoad)

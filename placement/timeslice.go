@@ -143,12 +143,9 @@ func (a *admission) othersResident(e int32, p *replica, now int64) bool {
 	seen := 0
 	for o := p.head; o != nilIdx; o = a.b.ents[o].rnext {
 		en := &a.b.ents[o]
-		if en.busy > 0 {
-			seen++
-		} else if en.last < horizon {
-			if seen >= p.heldN {
-				break // see demand
-			}
+		if stop, skip := p.pastHorizon(en, horizon, &seen); stop {
+			break
+		} else if skip {
 			continue
 		}
 		if o != e && (en.busy > 0 || !a.quiet(en, now)) {

@@ -504,20 +504,22 @@ func (s *simulator) done(t *simTurn) {
 func (s *simulator) newSession(sl *simSlot, start int) {
 	sl.sess = s.gen.NextAt(start)
 	sl.hist = append(sl.hist[:0], s.sysTok...)
-	sl.compacted = false
+	// the turns before start as the session's History has them: from its
+	// summary when it started at or past its compaction (NextAt)
+	msgs := sl.sess.History(sl.sess.Turn())
+	msgs = msgs[:len(msgs)-1]
+	sl.compacted = sl.sess.CompactAt > 0 && sl.sess.Turn() >= sl.sess.CompactAt
 	sl.start = xxhash.Sum64String(sl.sess.Messages[0])
-	from := 0
-	if c := sl.sess.CompactAt; c > 0 && start > c {
-		// started past its compaction (NextAt): the summary, then the
-		// turns since
-		sl.compacted, from = true, c
-		sl.start = xxhash.Sum64String(sl.sess.Summary)
-		sl.hist = emulator.AppendTokens(sl.hist, emulator.RenderMessage("user", sl.sess.Summary))
+	if len(msgs) > 0 {
+		sl.start = xxhash.Sum64String(msgs[0].Text)
 	}
-	for t, a := range sl.sess.Answers[from:] {
-		sl.hist = emulator.AppendTokens(sl.hist, emulator.RenderMessage("user", sl.sess.Messages[from+t]))
+	for _, m := range msgs {
+		if m.Role == "user" {
+			sl.hist = emulator.AppendTokens(sl.hist, emulator.RenderMessage("user", m.Text))
+			continue
+		}
 		sl.hist = append(sl.hist, s.genTok...)
-		sl.hist = emulator.AppendTokens(sl.hist, a)
+		sl.hist = emulator.AppendTokens(sl.hist, m.Text)
 		sl.hist = append(sl.hist, s.endTok...)
 	}
 	s.send(sl)

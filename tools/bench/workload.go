@@ -313,9 +313,9 @@ type Session struct {
 	// Think is the client's pause before each turn (0 before the first).
 	Think []time.Duration
 	// CompactAt, when positive, is the turn at which the session compacts
-	// (NextAt sets it for the sessions Compacts chooses): from that turn on, History starts with Summary, as
-	// Claude Code's /compact replaces the history under the same session
-	// ID, followed by the turns since.
+	// (NextAt sets it for the sessions Compacts chooses): from that turn
+	// on, History starts with Summary, as Claude Code's /compact replaces
+	// the history under the same session ID, followed by the turns since.
 	CompactAt int
 	Summary   string
 }

@@ -355,7 +355,7 @@ func adminOrigins(addr string) string {
 	if host, port, err := net.SplitHostPort(addr); err == nil {
 		if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() || host == "localhost" {
 			for _, h := range []string{"localhost", "127.0.0.1", "[::1]"} {
-				if hp := h + ":" + port; hp != addr && !(h == "[::1]" && host == "::1") {
+				if hp := h + ":" + port; hp != addr {
 					o = append(o, hp)
 				}
 			}

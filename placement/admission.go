@@ -27,6 +27,10 @@ const (
 	// hitsDecay is the weight of a returning turn in a replica's hit rate
 	// (the share of its predicted cached prefix the engine delivered).
 	hitsDecay = 0.1
+	// hitsSpan is the fewest returning turns whose hit rate says a replica
+	// loses its conversations' caches (see losing): about the span of
+	// the mean.
+	hitsSpan = 8
 	// HitsLow: below this hit rate of its returning turns (hits falling) a
 	// replica confirms that it evicts its conversations' caches
 	// (AdmissionSnapshot.Strained).
@@ -359,9 +363,12 @@ func (p *replica) pastHorizon(en *entry, horizon int64, seen *int) (stop, skip b
 // happen, while a conversation held back from an idle replica loses its
 // compute time for certain. A figure the engine does not export vetoes
 // nothing. The router's in-flight count covers the poll's lag: once a
-// conversation was placed there, the replica is no longer idle. a.mu held.
+// conversation was placed there, the replica is no longer idle. A replica
+// losing its conversations' caches already (see losing) idles whatever
+// its busy share: the moments between its turns protect nothing that
+// holding a newcomer back would save. a.mu held.
 func (a *admission) idle(p *replica, now int64) bool {
-	if p.inflight.Load() != 0 || p.busy >= idleBusy {
+	if p.inflight.Load() != 0 || (p.busy >= idleBusy && !p.losing()) {
 		return false
 	}
 	if p.waitingKnown() && p.waiting() > 0 {
@@ -435,6 +442,12 @@ func (p *replica) hit(share float64) {
 	}
 	p.hitsN++
 }
+
+// losing reports whether the turns returning to p find less than HitsLow
+// of their caches, measured over at least hitsSpan of them: its
+// conversations' caches are evicted with admission holding newcomers
+// back, so the wait buys no cache hit. a.mu held.
+func (p *replica) losing() bool { return p.hitsN >= hitsSpan && p.hits < HitsLow }
 
 // markFull updates p's hysteresis state (full) for its working set ws of
 // capacity c and returns the high-water mark in tokens. a.mu held.

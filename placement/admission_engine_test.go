@@ -159,21 +159,31 @@ func TestAdmissionAgreesWithEngine(t *testing.T) {
 			name: "a replica whose turns keep it busy is not idle between them",
 			n:    1, cap: 20000,
 			run: func(t *testing.T, r *Router) {
-				// a turn in flight at every poll: the busy share grows
-				now := t0
-				for i := 0; i < 100; i++ {
-					d, _ := admitTurn(t, r, "a", 18000, now)
-					r.UpdateLoad("r0", Load{Reachable: true, KVTokens: 20000, Running: 1, KVUsage: 0.5})
-					now = now.Add(time.Second)
-					finishTurn(r, "a", d, now, 18000, 17000, 100)
-				}
-				if b := r.Snapshot().Replicas[0].Busy; b < idleBusy {
-					t.Fatalf("busy share %.2f after 100 busy polls, want at least %.2f", b, idleBusy)
-				}
+				now := keepBusy(t, r, 17000)
 				// between two turns nothing is in flight, but the replica
 				// is busy: the newcomer waits for room by the estimate
 				if _, tk := admitTurn(t, r, "b", 9000, now); tk == nil {
 					t.Fatal("b admitted in a pause of a busy replica's conversation")
+				}
+			},
+		},
+		{
+			// agents pausing 20 s, 16 sessions on 4 replicas: the caches
+			// are lost with admission holding newcomers, so holding one
+			// from a replica with nothing in flight buys no hit
+			name: "a busy replica whose turns find their caches gone is idle between them",
+			n:    1, cap: 20000,
+			run: func(t *testing.T, r *Router) {
+				now := keepBusy(t, r, 4000)
+				if h := r.Snapshot().Replicas[0].Hits; h >= HitsLow {
+					t.Fatalf("hits %.2f after turns finding 4k of 18k cached, want under %.2f", h, HitsLow)
+				}
+				if d, tk := admitTurn(t, r, "b", 9000, now); tk != nil || d.Replica != "r0" {
+					t.Fatalf("b: %q, ticket %v; want admitted at once to the replica with nothing in flight", d.Replica, tk)
+				}
+				// b is in flight: the replica is not idle now
+				if _, tk := admitTurn(t, r, "c", 9000, now); tk == nil {
+					t.Fatal("c admitted beside b in flight")
 				}
 			},
 		},
@@ -183,6 +193,25 @@ func TestAdmissionAgreesWithEngine(t *testing.T) {
 			tt.run(t, admitRouter(tt.n, tt.cap, tt.cfg))
 		})
 	}
+}
+
+// keepBusy runs 100 turns of conversation "a" (18k tokens) on r0, each
+// finding cached tokens of its prompt, with a poll in every one, so the
+// replica's busy share grows past idleBusy; it returns the time after the
+// last turn.
+func keepBusy(t *testing.T, r *Router, cached int) time.Time {
+	t.Helper()
+	now := t0
+	for i := 0; i < 100; i++ {
+		d, _ := admitTurn(t, r, "a", 18000, now)
+		r.UpdateLoad("r0", Load{Reachable: true, KVTokens: 20000, Running: 1, KVUsage: 0.5})
+		now = now.Add(time.Second)
+		finishTurn(r, "a", d, now, 18000, cached, 100)
+	}
+	if b := r.Snapshot().Replicas[0].Busy; b < idleBusy {
+		t.Fatalf("busy share %.2f after 100 busy polls, want at least %.2f", b, idleBusy)
+	}
+	return now
 }
 
 func TestOvercommittedNeedsTheEngine(t *testing.T) {

@@ -445,8 +445,9 @@ func (p *replica) hit(share float64) {
 
 // losing reports whether the turns returning to p find less than HitsLow
 // of their caches, measured over at least hitsSpan of them: its
-// conversations' caches are evicted with admission holding newcomers
-// back, so the wait buys no cache hit. a.mu held.
+// conversations' caches are evicted. It confirms the overcommit warning
+// (strained), and with admission holding newcomers back it says the wait
+// buys no cache hit (idle). a.mu held.
 func (p *replica) losing() bool { return p.hitsN >= hitsSpan && p.hits < HitsLow }
 
 // markFull updates p's hysteresis state (full) for its working set ws of
@@ -836,10 +837,9 @@ func (a AdmissionSnapshot) Overcommitted() bool {
 
 // strained reports whether p's engine confirms KV pressure (see
 // AdmissionSnapshot.Strained): requests wait in it for KV (see kvQueued),
-// or the turns returning to it find less than HitsLow of their cache.
-// a.mu held.
+// or it loses its conversations' caches (see losing). a.mu held.
 func (a *admission) strained(p *replica) bool {
-	return a.kvQueued(p) || (p.hitsN > 0 && p.hits < HitsLow)
+	return a.kvQueued(p) || p.losing()
 }
 
 // kvQueued reports whether requests wait in p's engine while it runs

@@ -265,7 +265,7 @@
 // starts from it. ReplicaSnapshot has it beside the engine's figures
 // (EngineKV, Hits, Busy), and AdmissionSnapshot.Overcommitted needs an
 // engine to confirm the pressure (Strained: requests waiting, or returning
-// turns finding less than HitsLow of their cache).
+// turns finding less than HitsLow of their cache, over at least eight).
 //
 // # Bindings
 //

@@ -507,13 +507,9 @@ func (s *simulator) newSession(sl *simSlot, start int) {
 	// the turns before start as the session's History has them: from its
 	// summary when it started at or past its compaction (NextAt)
 	msgs := sl.sess.History(sl.sess.Turn())
-	msgs = msgs[:len(msgs)-1]
-	sl.compacted = sl.sess.CompactAt > 0 && sl.sess.Turn() >= sl.sess.CompactAt
-	sl.start = xxhash.Sum64String(sl.sess.Messages[0])
-	if len(msgs) > 0 {
-		sl.start = xxhash.Sum64String(msgs[0].Text)
-	}
-	for _, m := range msgs {
+	sl.compacted = sl.sess.Compacted(sl.sess.Turn())
+	sl.start = xxhash.Sum64String(msgs[0].Text)
+	for _, m := range msgs[:len(msgs)-1] {
 		if m.Role == "user" {
 			sl.hist = emulator.AppendTokens(sl.hist, emulator.RenderMessage("user", m.Text))
 			continue

@@ -338,6 +338,10 @@ type Message struct {
 	Text string
 }
 
+// Compacted reports whether turn t's history starts from the session's
+// Summary: it compacts, and t is at or past its compaction turn.
+func (s *Session) Compacted(t int) bool { return s.CompactAt > 0 && t >= s.CompactAt }
+
 // History returns the messages of turn t (0-based): every earlier user
 // message followed by its answer, then turn t's user message. A session
 // that compacted at turn CompactAt <= t sends its Summary as the first
@@ -345,7 +349,7 @@ type Message struct {
 func (s *Session) History(t int) []Message {
 	msgs := make([]Message, 0, 2*t+1)
 	from := 0
-	if s.CompactAt > 0 && t >= s.CompactAt {
+	if s.Compacted(t) {
 		// compacted: the summary replaces the turns before CompactAt
 		msgs = append(msgs, Message{Role: "user", Text: s.Summary})
 		from = s.CompactAt

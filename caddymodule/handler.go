@@ -91,8 +91,8 @@ type Handler struct {
 	// whose key came from a header or the body's metadata and has a
 	// binding carries a fingerprint of its conversation's start (the
 	// model and the messages up to the first user message), read from the
-	// body's first bytes when they hold it (the rest is streamed on), else
-	// from the whole body. A request whose start differs from its bound
+	// body (its first bytes when the body is over 1 MiB and they hold
+	// it: the rest is streamed on), else from the whole body. A request whose start differs from its bound
 	// conversation's is a side request (a session title, a summary, a
 	// probe, a call to another model under the same key), routed without
 	// moving the conversation (side); when the same new start comes again
@@ -258,74 +258,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 	st.end = h.sessionEnds(r.Header)
 
-	var model string
-	var full []byte // the body, when read in full already
-	if h.StripBillingBlock && st.api == vllmstats.APIAnthropic && r.Method == http.MethodPost && hasJSONBody(r) {
-		body, tooBig, err := h.readBody(r, &st.rb)
-		if tooBig {
-			return h.fail(w, r, st, caddyhttp.Error(http.StatusRequestEntityTooLarge,
-				fmt.Errorf("request body is larger than the gateway's limit of %d bytes", h.MaxBody)))
-		}
-		if err != nil {
-			return caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("reading request body: %w", err))
-		}
-		if nb, ok := stripBillingBlock(body); ok {
-			replay(r, nb, &st.rb)
-			body = nb
-		}
-		full = body
-	}
-	keyFromBody := st.key == "" && (h.bodyKeys || h.fingerprint)
-	wantStart := st.key != "" && h.restartDetection
-	if (keyFromBody || h.modelVar || wantStart) && hasJSONBody(r) {
-		var body []byte
-		var tooBig bool
-		var err error
-		switch {
-		case full != nil:
-			body = full
-		case keyFromBody:
-			body, tooBig, err = h.readBody(r, &st.rb)
-		case wantStart && anyBinding(st.key):
-			// the start is compared only with a binding's: read the body's
-			// start when that holds it (and the model), else all of it
-			st.start, model, body, tooBig, err = h.peekStart(r, &st.rb)
-		case h.modelVar:
-			// only the model variable: read the body's start when that
-			// holds the model, else all of it
-			model, body, tooBig, err = h.peekModel(r, &st.rb)
-		}
-		if tooBig {
-			return h.fail(w, r, st, caddyhttp.Error(http.StatusRequestEntityTooLarge,
-				fmt.Errorf("request body is larger than the gateway's limit of %d bytes", h.MaxBody)))
-		}
-		if errors.Is(err, errModelTwice) {
-			return h.fail(w, r, st, caddyhttp.Error(http.StatusBadRequest, err))
-		}
-		if err != nil {
-			return caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("reading request body: %w", err))
-		}
-		if body != nil {
-			view := convkey.BytesView(body)
-			if st.key == "" && h.bodyKeys {
-				st.key = convkey.SessionFromBody(view)
-			}
-			if st.key != "" && h.restartDetection {
-				// a key from a header or the body's metadata: its start
-				// tells a restarted conversation (a fingerprint key is
-				// the start itself)
-				st.start = convkey.StartFingerprint(view, h.FingerprintBytes)
-			}
-			if st.key == "" && h.fingerprint {
-				st.key = convkey.Fingerprint(view, h.FingerprintBytes)
-			}
-			if model == "" {
-				var twice bool
-				if model, twice = convkey.ModelFromBody(view); twice {
-					return h.fail(w, r, st, caddyhttp.Error(http.StatusBadRequest, errModelTwice))
-				}
-			}
-		}
+	model, err := h.readKeys(w, r, st)
+	if err != nil {
+		return h.fail(w, r, st, err)
 	}
 	if vars := requestVars(r); vars != nil {
 		vars[VarSession] = st.key
@@ -340,7 +275,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	rw.ctx, rw.remote = r.Context(), r.RemoteAddr
 	defer h.finish(rw)
 
-	err := next.ServeHTTP(rw, r)
+	err = next.ServeHTTP(rw, r)
 	if !rw.wroteHeader {
 		// before any answer the handler writes itself below
 		rw.abandoned()
@@ -366,6 +301,86 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 	}
 	return err
+}
+
+// readKeys reads from the body what the request's routing needs and the
+// handler's settings ask for: the key when no header gave one, the
+// conversation's start for restart detection, the model variable; and it
+// strips Claude Code's billing block (strip_billing_block). The body is
+// read under bodyTimeout (unread.go) and put back for the proxy. A failure
+// is a caddyhttp.HandlerError to answer: 413 over max_body, 408 past the
+// deadline, 400 for a body that ended early or names its model twice.
+func (h *Handler) readKeys(w http.ResponseWriter, r *http.Request, st *routeState) (model string, err error) {
+	strip := h.StripBillingBlock && st.api == vllmstats.APIAnthropic && r.Method == http.MethodPost
+	keyFromBody := st.key == "" && (h.bodyKeys || h.fingerprint)
+	wantStart := st.key != "" && h.restartDetection
+	if !(strip || keyFromBody || h.modelVar || wantStart) || !hasJSONBody(r) {
+		return "", nil
+	}
+	rc := bodyDeadline(w)
+	defer clearBodyDeadline(rc)
+	var full []byte // the body, when read in full already
+	if strip {
+		body, tooBig, err := h.readBody(r, &st.rb)
+		if tooBig {
+			return "", bodyTooBig(h.MaxBody)
+		}
+		if err != nil {
+			return "", bodyReadError(err)
+		}
+		if nb, ok := stripBillingBlock(body); ok {
+			replay(r, nb, &st.rb)
+			body = nb
+		}
+		full = body
+	}
+	var body []byte
+	var tooBig bool
+	switch {
+	case full != nil:
+		body = full
+	case keyFromBody:
+		body, tooBig, err = h.readBody(r, &st.rb)
+	case wantStart && anyBinding(st.key):
+		// the start is compared only with a binding's: the body in full
+		// up to streamOver, else its start when that holds it (and the
+		// model), else all of it
+		st.start, model, body, tooBig, err = h.peekStart(r, &st.rb)
+	case h.modelVar:
+		// only the model variable: as for the start
+		model, body, tooBig, err = h.peekModel(r, &st.rb)
+	}
+	if tooBig {
+		return "", bodyTooBig(h.MaxBody)
+	}
+	if errors.Is(err, errModelTwice) {
+		return "", caddyhttp.Error(http.StatusBadRequest, err)
+	}
+	if err != nil {
+		return "", bodyReadError(err)
+	}
+	if body == nil {
+		return model, nil
+	}
+	view := convkey.BytesView(body)
+	if st.key == "" && h.bodyKeys {
+		st.key = convkey.SessionFromBody(view)
+	}
+	if st.key != "" && h.restartDetection {
+		// a key from a header or the body's metadata: its start tells a
+		// restarted conversation (a fingerprint key is the start itself)
+		st.start = convkey.StartFingerprint(view, h.FingerprintBytes)
+	}
+	if st.key == "" && h.fingerprint {
+		st.key = convkey.Fingerprint(view, h.FingerprintBytes)
+	}
+	if model == "" {
+		var twice bool
+		if model, twice = convkey.ModelFromBody(view); twice {
+			return "", caddyhttp.Error(http.StatusBadRequest, errModelTwice)
+		}
+	}
+	return model, nil
 }
 
 // sessionEnds reports whether a session-end header marks the request as its

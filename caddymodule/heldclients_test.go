@@ -19,7 +19,8 @@ import (
 
 // modelFirstBody is a first request as Claude Code orders it: the model
 // first, then the messages, padded to size bytes; its first 4 KiB hold the
-// model, so the handler reads no further when the key came from a header.
+// model, so over streamOver the handler reads no further when the key came
+// from a header (admission reads the rest).
 func modelFirstBody(id string, size int) string {
 	head := `{"model":"qwen3-4b","max_tokens":8,"stream":false,"messages":[{"role":"user","content":"` + id + `: `
 	tail := `"}]}`
@@ -69,13 +70,30 @@ func waitLong(t *testing.T, what string, d time.Duration, cond func() bool) {
 
 // TestHeldClientsThatLeaveLeaveTheQueue: 1,000 new conversations with 8 KB
 // bodies (model first, key in X-Claude-Code-Session-Id: the handler reads
-// only their start) are held by admission; the 500 whose clients give up
+// them in full) are held by admission; the 500 whose clients give up
 // leave the queue at once, counted as cancelled, and none of them reaches
 // the engine; then the other 500 give up too, and no goroutine is left.
+// The same with 20 bodies over streamOver, of which the handler reads only
+// the start and admission the rest.
 func TestHeldClientsThatLeaveLeaveTheQueue(t *testing.T) {
-	const mdl = "held-gone"
+	for _, tc := range []struct {
+		name        string
+		total, size int
+		extra       string // policy settings
+	}{
+		{"8 KB", 1000, 8 << 10, ""},
+		// about 17,400 tokens: it fits the replica alone, not beside A
+		{"over streamOver", 20, streamOver + 64<<10, "bytes_per_token 64\nkv_tokens 19000"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			heldClientsLeave(t, "held-gone-"+strings.Fields(tc.name)[0], tc.total, tc.size, tc.extra)
+		})
+	}
+}
+
+func heldClientsLeave(t *testing.T, mdl string, total, size int, extra string) {
 	emu, dials := startEmulator(t, 1, 50)
-	loadSite(t, admissionConfig(dials[0], mdl, "", ""))
+	loadSite(t, admissionConfig(dials[0], mdl, extra, ""))
 	waitFor(t, "admission in force", func() bool { return getCard(t, mdl).Admission.Active })
 	emuURL := "http://" + dials[0]
 	if r := sendTurn(t, "/v1/messages", bigTurn("A"), session("A")); r.status != 200 {
@@ -91,7 +109,6 @@ func TestHeldClientsThatLeaveLeaveTheQueue(t *testing.T) {
 	settle := func() int { return settledGoroutines(client) }
 	baseline := settle()
 
-	const total = 1000
 	cancels := make([]context.CancelFunc, total)
 	var wg sync.WaitGroup
 	answered := make(chan string, total)
@@ -99,7 +116,7 @@ func TestHeldClientsThatLeaveLeaveTheQueue(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		cancels[i] = cancel
 		id := fmt.Sprint("held-", i)
-		body := modelFirstBody(id, 8<<10)
+		body := modelFirstBody(id, size)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -119,14 +136,14 @@ func TestHeldClientsThatLeaveLeaveTheQueue(t *testing.T) {
 			c()
 		}
 	}()
-	waitLong(t, "1,000 held", time.Minute, func() bool { return waitingNow(t, mdl) == total })
+	waitLong(t, "all held", time.Minute, func() bool { return waitingNow(t, mdl) == total })
 
 	for i := range total / 2 {
 		cancels[i]()
 	}
-	waitFor(t, "the 500 cancelled to leave the queue", func() bool {
+	waitFor(t, "the half cancelled to leave the queue", func() bool {
 		a := getCard(t, mdl).Admission
-		return a.Cancelled == total/2 && a.Waiting == total/2
+		return a.Cancelled == uint64(total/2) && a.Waiting == total/2
 	})
 	for i := total / 2; i < total; i++ {
 		cancels[i]()
@@ -138,7 +155,7 @@ func TestHeldClientsThatLeaveLeaveTheQueue(t *testing.T) {
 		t.Errorf("a held request was answered: %s", a)
 	}
 	a := getCard(t, mdl).Admission
-	if a.Queued != total || a.Cancelled != total || a.AdmittedAfterWait+a.AdmittedAtLimit != 0 {
+	if a.Queued != uint64(total) || a.Cancelled != uint64(total) || a.AdmittedAfterWait+a.AdmittedAtLimit != 0 {
 		t.Errorf("queued %d, cancelled %d, admitted %d; want %d, %d, 0", a.Queued, a.Cancelled, a.AdmittedAfterWait+a.AdmittedAtLimit, total, total)
 	}
 	if got := engineRequests(t, emuURL); got != reached {
@@ -170,25 +187,48 @@ func stalledBody(t *testing.T, id string, size, sent int) net.Conn {
 }
 
 // TestStalledBodiesDoNotHoldAdmission: 40 clients each send 6 KB of a
-// 100 KB first request and stop. They take no place in the admission
-// queue and no room on the replica, so a new small conversation sent
-// after them is placed at once; when the body deadline passes they are
-// answered 408 and their goroutines end.
+// 100 KB first request and stop (read in full by the handler), or of a
+// first request over streamOver (its start read by the handler, the rest
+// by admission), or of a turn of a conversation already bound. They take
+// no place in the admission queue and no room on the replica, so a new
+// small conversation sent after them is placed at once; when the body
+// deadline passes they are answered 408 and their goroutines end.
 func TestStalledBodiesDoNotHoldAdmission(t *testing.T) {
-	const mdl = "held-stalled"
-	old := heldBodyTimeout.Load()
-	heldBodyTimeout.Store(int64(3 * time.Second))
-	t.Cleanup(func() { heldBodyTimeout.Store(old) })
+	old := bodyTimeout.Load()
+	bodyTimeout.Store(int64(3 * time.Second))
+	t.Cleanup(func() { bodyTimeout.Store(old) })
+	for _, tc := range []struct {
+		name  string
+		size  int
+		bound bool // the stalled requests are turns of bound conversations
+	}{
+		{"100 KB", 100 << 10, false},
+		{"over streamOver", streamOver + 64<<10, false},
+		{"bound", 100 << 10, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) { stalledBodies(t, "held-stalled-"+strings.Fields(tc.name)[0], tc.size, tc.bound) })
+	}
+}
+
+func stalledBodies(t *testing.T, mdl string, size int, bound bool) {
 	_, dials := startEmulator(t, 1, 50)
 	loadSite(t, admissionConfig(dials[0], mdl, "", ""))
 	waitFor(t, "admission in force", func() bool { return getCard(t, mdl).Admission.Active })
+	if bound {
+		for i := range 40 {
+			id := fmt.Sprint(mdl, "-", i)
+			if r := sendTurn(t, "/v1/messages", modelFirstBody(id, 200), session(id)); r.status != 200 {
+				t.Fatalf("binding %s: %d %s", id, r.status, r.body)
+			}
+		}
+	}
 	testClient.CloseIdleConnections()
 	runtime.GC()
 	baseline := runtime.NumGoroutine()
 
 	conns := make([]net.Conn, 40)
 	for i := range conns {
-		conns[i] = stalledBody(t, fmt.Sprint("stalled-", i), 100<<10, 6<<10)
+		conns[i] = stalledBody(t, fmt.Sprint(mdl, "-", i), size, 6<<10)
 	}
 	// give the server time to take every stalled request to admission
 	time.Sleep(300 * time.Millisecond)
@@ -196,9 +236,9 @@ func TestStalledBodiesDoNotHoldAdmission(t *testing.T) {
 		t.Fatalf("stalled bodies in the queue: waiting %d, queued %d", a.Waiting, a.Queued)
 	}
 
-	small := modelFirstBody("small", 200)
+	small := modelFirstBody(mdl+"-small", 200)
 	start := time.Now()
-	r := sendTurn(t, "/v1/messages", small, session("small"))
+	r := sendTurn(t, "/v1/messages", small, session(mdl+"-small"))
 	took := time.Since(start)
 	if r.status != 200 || r.reason != "placed" || r.header.Get(WaitHeader) != "" {
 		t.Fatalf("small conversation behind 40 stalled bodies: %d %s wait %q %s", r.status, r.reason, r.header.Get(WaitHeader), r.body)

@@ -559,9 +559,11 @@ func TestRetryAfterAnAnswerResendsTheWholeBody(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		hdr  map[string]string
+		size int // the body's least size
 	}{
-		{"session header", map[string]string{"X-Pin": busy, "X-Claude-Code-Session-Id": "retry-1"}},
-		{"body read for the key", map[string]string{"X-Pin": busy}},
+		{"session header", map[string]string{"X-Pin": busy, "X-Claude-Code-Session-Id": "retry-1"}, 0},
+		{"session header, 256 KB", map[string]string{"X-Pin": busy, "X-Claude-Code-Session-Id": "retry-2"}, 256 << 10},
+		{"body read for the key", map[string]string{"X-Pin": busy}, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			// the previous attempt's failure cools the busy replica down
@@ -569,6 +571,11 @@ func TestRetryAfterAnAnswerResendsTheWholeBody(t *testing.T) {
 			waitFor(t, "the busy replica back in placement", func() bool { return cardRow(rs.card("retry"), busy).Available })
 			before := busyGot.Load()
 			body := chatTurn("retry", 3, false, "user_1_account_2_session_retry-body")
+			if tc.size > 0 {
+				// a conversation under streamOver is read in full, so the
+				// retry needs no request_buffers
+				body = `{"model":"qwen3-4b","messages":[{"role":"user","content":"` + strings.Repeat("long turn ", tc.size/10) + `"}]}`
+			}
 			res := rs.send("/v1/messages", body, tc.hdr)
 			if busyGot.Load() == before {
 				t.Fatal("the first attempt did not reach the busy replica")
@@ -588,20 +595,20 @@ func TestRetryAfterAnAnswerResendsTheWholeBody(t *testing.T) {
 	}
 	waitFor(t, "in flight back to 0", func() bool { return rs.card("retry").InFlight == 0 })
 
-	// A large body keyed by a header is streamed after its first bytes
-	// (only the model is read); Caddy's request_buffers keeps it for such
-	// retries, as for any unbuffered body.
+	// A body over streamOver keyed by a header is streamed after its first
+	// bytes (only the model is read); Caddy's request_buffers keeps it for
+	// such retries, as for any unbuffered body.
 	rs = loadRobustSite(t, fmt.Sprintf(`
 	lm_warden
 	reverse_proxy %s %s {
 		%s
-		request_buffers 1MiB
+		request_buffers 2MiB
 		lb_retries 2
 		lb_retry_match {
 			expression `+"`{rp.status_code} == 503`"+`
 		}
 	}`, busy, echo, policyBlock("retry-big", "client_pin_header X-Pin")))
-	body := `{"model":"qwen3-4b","messages":[{"role":"user","content":"` + strings.Repeat("large turn ", 4000) + `"}]}`
+	body := `{"model":"qwen3-4b","messages":[{"role":"user","content":"` + strings.Repeat("large turn ", streamOver/10) + `"}]}`
 	res := rs.send("/v1/messages", body, map[string]string{"X-Pin": busy, "X-Claude-Code-Session-Id": "retry-big"})
 	var got echoed
 	if err := json.Unmarshal([]byte(res.body), &got); res.status != http.StatusOK || err != nil {
@@ -613,16 +620,17 @@ func TestRetryAfterAnAnswerResendsTheWholeBody(t *testing.T) {
 }
 
 // TestModelFromTheBodysStart checks the handler's model variable when the
-// key comes from a header: bodies whose "model" comes first are read only
-// as far as needed, the others in full, and in every case the proxy gets
-// the body unchanged.
+// key comes from a header: bodies up to streamOver are read in full, larger
+// ones whose "model" comes first only as far as needed, the others in full,
+// and in every case the proxy gets the body unchanged.
 func TestModelFromTheBodysStart(t *testing.T) {
-	pad := strings.Repeat("x", 3*peekSize)
+	pad := strings.Repeat("x", streamOver)
 	cases := []struct {
 		name, body, model string
 		full              bool // the handler must have read the whole body
 	}{
 		{"small", `{"model":"m1","messages":[]}`, "m1", true},
+		{"model first, 256 KB", `{"model":"m0","messages":[{"role":"user","content":"` + pad[:256<<10] + `"}]}`, "m0", true},
 		{"model first, large", `{"model":"m2","messages":[{"role":"user","content":"` + pad + `"}]}`, "m2", false},
 		{"model last, large", `{"messages":[{"role":"user","content":"` + pad + `"}],"model":"m3"}`, "m3", true},
 		{"model cut at the peek", `{"pad":"` + strings.Repeat("y", peekSize-16) + `","model":"model-name-longer-than-the-rest"}` + pad, "model-name-longer-than-the-rest", true},

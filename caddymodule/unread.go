@@ -48,24 +48,36 @@ func init() { bodyTimeout.Store(int64(DefaultBodyTimeout)) }
 // reads, from the moment it starts reading.
 const DefaultBodyTimeout = 30 * time.Second
 
+// readDeadliner is what sets a request's read deadline: Go's HTTP/1 and
+// HTTP/2 response writers, found as http.ResponseController finds them
+// (without the controller's allocation and its errors' for a writer
+// without one).
+type readDeadliner interface{ SetReadDeadline(time.Time) error }
+
 // bodyDeadline sets the read deadline of the request's connection to
-// bodyTimeout from now and returns what clears it (nil when w is nil).
-// Without a deadline after that the server reads on in the background to
-// notice the client leaving; a deadline there would end the request.
-// A connection without deadlines (ErrNotSupported) is read without.
-func bodyDeadline(w http.ResponseWriter) *http.ResponseController {
-	if w == nil {
-		return nil
+// bodyTimeout from now and returns what clears it (nil when w has none:
+// the body is then read without a deadline, as over HTTP/3). After that,
+// without a deadline, the server reads on in the background to notice the
+// client leaving; a deadline there would end the request.
+func bodyDeadline(w http.ResponseWriter) readDeadliner {
+	for w != nil {
+		switch t := w.(type) {
+		case readDeadliner:
+			_ = t.SetReadDeadline(time.Now().Add(time.Duration(bodyTimeout.Load())))
+			return t
+		case interface{ Unwrap() http.ResponseWriter }:
+			w = t.Unwrap()
+		default:
+			return nil
+		}
 	}
-	rc := http.NewResponseController(w)
-	_ = rc.SetReadDeadline(time.Now().Add(time.Duration(bodyTimeout.Load())))
-	return rc
+	return nil
 }
 
 // clearBodyDeadline ends bodyDeadline's deadline.
-func clearBodyDeadline(rc *http.ResponseController) {
-	if rc != nil {
-		_ = rc.SetReadDeadline(time.Time{})
+func clearBodyDeadline(d readDeadliner) {
+	if d != nil {
+		_ = d.SetReadDeadline(time.Time{})
 	}
 }
 

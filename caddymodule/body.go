@@ -226,7 +226,7 @@ func (rb *replayBody) rewind() {
 // of the body, where the relay reads at most 32 KiB at a time. With a
 // 256 KB body that is about 6 reads a request against 13 (perf stat on
 // Caddy under bombardier), which took the header-keyed path from 0.93 to
-// 1.0 of plain Caddy's req/s (scripts/overhead). It also keeps the body for
+// 1.05 of plain Caddy's req/s (scripts/overhead). It also keeps the body for
 // the proxy's retries and lets Go's server notice a client that leaves
 // while its turn waits (see unread.go). The engine cannot start before the
 // last byte either, so holding the body costs a turn only the copy to the

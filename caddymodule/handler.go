@@ -91,9 +91,9 @@ type Handler struct {
 	// whose key came from a header or the body's metadata and has a
 	// binding carries a fingerprint of its conversation's start (the
 	// model and the messages up to the first user message), read from the
-	// body (its first bytes when the body is over 1 MiB and they hold
-	// it: the rest is streamed on), else from the whole body. A request whose start differs from its bound
-	// conversation's is a side request (a session title, a summary, a
+	// body (its first bytes when the body is over 1 MiB and they hold it:
+	// the rest is streamed on). A request whose start differs from its
+	// bound conversation's is a side request (a session title, a summary, a
 	// probe, a call to another model under the same key), routed without
 	// moving the conversation (side); when the same new start comes again
 	// before the conversation's own in a request with more than one

@@ -279,22 +279,21 @@ func (h *Handler) peekStart(r *http.Request, rb *replayBody) (start uint64, mode
 	return start, model, body, tooBig, err
 }
 
-// peek reads what the handler needs of a body whose key came from a
-// header. A body of up to streamOver bytes is read in full, as readBody
-// does (see streamOver). A larger body of known length is read from its
-// start — its first peekSize bytes, then up to limit while found does not
-// accept them — and when found accepts the bytes read it is sent on as
-// those bytes followed by the unread rest: a multi-megabyte conversation is
-// then streamed to the replica, not held in memory. Such a body is not kept
-// for retries after an upstream has read it (as with Caddy's own unbuffered
-// bodies; reverse_proxy's request_buffers keeps it). Otherwise it reads the
-// whole body as readBody does and returns it in body.
+// peek reads the start of a body of known length over peekSize (the
+// handler calls it for bodies over streamOver) — its first peekSize bytes,
+// then up to limit while found does not accept them — and when found
+// accepts the bytes read sends the body on as those bytes followed by the
+// unread rest: a multi-megabyte conversation is then streamed to the
+// replica, not held in memory. Such a body is not kept for retries after
+// an upstream has read it (as with Caddy's own unbuffered bodies;
+// reverse_proxy's request_buffers keeps it). Otherwise it reads the whole
+// body as readBody does and returns it in body.
 func (h *Handler) peek(r *http.Request, rb *replayBody, limit int, found func(prefix string) bool) (body []byte, tooBig bool, err error) {
 	n := r.ContentLength
 	if n > h.MaxBody {
 		return nil, true, nil
 	}
-	if n <= streamOver {
+	if n <= peekSize {
 		return h.readBody(r, rb)
 	}
 	limit = int(min(int64(limit), n))

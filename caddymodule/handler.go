@@ -339,12 +339,13 @@ func (h *Handler) readKeys(w http.ResponseWriter, r *http.Request, st *routeStat
 	switch {
 	case full != nil:
 		body = full
-	case keyFromBody:
+	case keyFromBody || r.ContentLength <= streamOver:
+		// in full: the key may be anywhere, and a body up to streamOver
+		// costs less read whole than relayed (see streamOver)
 		body, tooBig, err = h.readBody(r, &st.rb)
 	case wantStart && anyBinding(st.key):
-		// the start is compared only with a binding's: the body in full
-		// up to streamOver, else its start when that holds it (and the
-		// model), else all of it
+		// the start is compared only with a binding's: read the body's
+		// start when that holds it (and the model), else all of it
 		st.start, model, body, tooBig, err = h.peekStart(r, &st.rb)
 	case h.modelVar:
 		// only the model variable: as for the start

@@ -61,8 +61,11 @@ const (
 // Place it before reverse_proxy (the Caddyfile directive is ordered so).
 type Handler struct {
 	// Headers that carry a conversation key, tried in order. Default:
-	// X-Claude-Code-Session-Id, X-Session-Affinity, Session_id, Session-Id,
-	// X-Session-Id.
+	// X-Claude-Code-Session-Id, X-Session-Affinity, Session-Id, X-Session-Id.
+	// Caddy drops a request header whose name holds "_" (or ".") before
+	// any handler runs unless the server's expected_underscore_headers
+	// (expected_dot_headers) lists it; Provision warns about a configured
+	// name no server lists.
 	SessionHeaders []string `json:"session_headers,omitempty"`
 
 	// Header naming a sub-agent; its value is appended to the session key so
@@ -183,6 +186,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		parent = ""
 	}
 	h.keys = convkey.NewExtractor(h.SessionHeaders, agent, parent)
+	//WARNTMP h.warnDroppedHeaders(ctx, append(append(slices.Clone(h.SessionHeaders), agent, parent), h.SessionEndHeaders...))
 	h.ends = nil
 	for _, e := range h.SessionEndHeaders {
 		if e != "-" && e != "" {
@@ -253,8 +257,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// response, and they must not be written then (see finish).
 	st := new(routeState)
 	st.api = apiOf(r.URL.Path)
+	if st.api == vllmstats.APIResponses {
+		st.shape = convkey.ShapeResponses
+	}
 	st.maxBody = h.MaxBody
 	st.key, st.parent = h.keys.FromHeaders(r.Header)
+	if st.key != "" {
+		st.keySource = keySrcHeader
+	}
 
 	st.end = h.sessionEnds(r.Header)
 
@@ -346,7 +356,7 @@ func (h *Handler) readKeys(w http.ResponseWriter, r *http.Request, st *routeStat
 	case wantStart && anyBinding(st.key):
 		// the start is compared only with a binding's: read the body's
 		// start when that holds it (and the model), else all of it
-		st.start, model, body, tooBig, err = h.peekStart(r, &st.rb)
+		st.start, model, body, tooBig, err = h.peekStart(r, &st.rb, st.shape)
 	case h.modelVar:
 		// only the model variable: as for the start
 		model, body, tooBig, err = h.peekModel(r, &st.rb)
@@ -366,14 +376,23 @@ func (h *Handler) readKeys(w http.ResponseWriter, r *http.Request, st *routeStat
 	view := convkey.BytesView(body)
 	if st.key == "" && h.bodyKeys {
 		st.key = convkey.SessionFromBody(view)
+		if st.key == "" {
+			st.key = convkey.PromptCacheKey(view)
+		}
+		if st.key != "" {
+			st.keySource = keySrcBody
+		}
 	}
 	if st.key != "" && h.restartDetection {
-		// a key from a header or the body's metadata: its start tells a
-		// restarted conversation (a fingerprint key is the start itself)
-		st.start = convkey.StartFingerprint(view, h.FingerprintBytes)
+		// a key from a header or the body: its start tells a restarted
+		// conversation (a fingerprint key is the start itself)
+		st.start = convkey.StartFingerprintOf(view, h.FingerprintBytes, st.shape)
 	}
 	if st.key == "" && h.fingerprint {
-		st.key = convkey.Fingerprint(view, h.FingerprintBytes)
+		st.key = convkey.FingerprintOf(view, h.FingerprintBytes, st.shape)
+		if st.key != "" {
+			st.keySource = keySrcFingerprint
+		}
 	}
 	if model == "" {
 		var twice bool

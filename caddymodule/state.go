@@ -124,6 +124,8 @@ type modelState struct {
 
 	store   atomic.Pointer[bindstore.Store] // the shared binding store; nil without one
 	storeMu sync.Mutex                      // serialises replacing it
+
+	keys keyCounts // requests by replica and the source of their key
 }
 
 func newModelState(name string, rcfg placement.Config) *modelState {

@@ -186,7 +186,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		parent = ""
 	}
 	h.keys = convkey.NewExtractor(h.SessionHeaders, agent, parent)
-	//WARNTMP h.warnDroppedHeaders(ctx, append(append(slices.Clone(h.SessionHeaders), agent, parent), h.SessionEndHeaders...))
+	h.warnDroppedHeaders(ctx, append(append(slices.Clone(h.SessionHeaders), agent, parent), h.SessionEndHeaders...))
 	h.ends = nil
 	for _, e := range h.SessionEndHeaders {
 		if e != "-" && e != "" {

@@ -19,11 +19,14 @@ import (
 
 // DefaultSessionHeaders are the request headers that carry a conversation
 // key, in the order they are tried: Claude Code's session header first, then
-// the headers other coding agents and gateways send.
+// the headers other coding agents and gateways send (OpenCode's
+// X-Session-Affinity, Codex's Session-Id). No name with "_" or "." is
+// among them: Caddy drops such request headers before any handler runs
+// unless the server's expected_underscore_headers (expected_dot_headers)
+// lists them.
 var DefaultSessionHeaders = []string{
 	"X-Claude-Code-Session-Id",
 	"X-Session-Affinity",
-	"Session_id",
 	"Session-Id",
 	"X-Session-Id",
 }

@@ -5,6 +5,7 @@ import (
 	"math"
 	"net/url"
 	"reflect"
+	"strconv"
 	"strings"
 	"time"
 
@@ -109,6 +110,9 @@ var uiReplicaColumns = []uiColumn{
 	{Key: "side", Label: "Side", Group: "Decisions", Title: "side requests: another start under a bound conversation's key (a session title, a summary, a probe), routed without moving the conversation"},
 	{Key: "cold_replaced", Label: "Cold-replaced", Group: "Decisions", Title: "conversations placed anew because their replica no longer held their cache"},
 	{Key: "ended", Label: "Ended", Group: "Decisions", Title: "bindings dropped because the client ended the session"},
+	{Key: "keyed_by", Label: "Keyed by", Group: "Decisions",
+		Title: "requests routed here by where their conversation key came from: a session header, the body (metadata, prompt_cache_key), a fingerprint of the conversation's start, none",
+		Doc:   "requests routed here by where their conversation key came from: a session header, the body (`metadata.user_id`, `prompt_cache_key`), a fingerprint of the conversation's start, or none (a per-request pick): \"40 header · 2 body\" (`keyed_by` in the JSON, `lm_warden_key_source_requests_total`)"},
 }
 
 type uiReplicaRow struct {
@@ -257,6 +261,7 @@ func buildCardView(doc Card, now time.Time) uiCardView {
 				"bindings":       uiBindings(r),
 				"working_set":    uiWorkingSet(r.WorkingSetTokens, r.KVCapacityTokens, r.EngineKVTokens, r.Full),
 				"state":          state,
+				"keyed_by":       uiKeyedBy(r.KeyedBy),
 			}),
 		})
 	}
@@ -520,4 +525,22 @@ func uiBindings(r ReplicaRow) uiVal {
 		t += ", " + humanize.Comma(int64(r.Paused)) + " paused"
 	}
 	return uiVal{V: r.Bindings, T: t + ")"}
+}
+
+// uiKeyedBy is the Keyed-by cell: the sources that keyed a request here,
+// with their counts ("-" before any request).
+func uiKeyedBy(k KeySources) uiVal {
+	var parts []string
+	for _, p := range []struct {
+		n    uint64
+		name string
+	}{{k.Header, "header"}, {k.Body, "body"}, {k.Fingerprint, "fingerprint"}, {k.None, "none"}} {
+		if p.n > 0 {
+			parts = append(parts, strconv.FormatUint(p.n, 10)+" "+p.name)
+		}
+	}
+	if len(parts) == 0 {
+		return uiVal{V: k, T: "-"}
+	}
+	return uiVal{V: k, T: strings.Join(parts, " · ")}
 }

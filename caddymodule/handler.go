@@ -375,8 +375,17 @@ func (h *Handler) readKeys(w http.ResponseWriter, r *http.Request, st *routeStat
 	}
 	view := convkey.BytesView(body)
 	if st.key == "" && h.bodyKeys {
-		st.key = convkey.SessionFromBody(view)
+		// the shape's own key first: a Responses body's prompt_cache_key
+		// (Codex's thread ID), found near its end, before a scan of the
+		// whole body for metadata it rarely has; Claude Code's
+		// metadata.user_id first otherwise
+		if st.shape == convkey.ShapeResponses {
+			st.key = convkey.PromptCacheKey(view)
+		}
 		if st.key == "" {
+			st.key = convkey.SessionFromBody(view)
+		}
+		if st.key == "" && st.shape != convkey.ShapeResponses {
 			st.key = convkey.PromptCacheKey(view)
 		}
 		if st.key != "" {

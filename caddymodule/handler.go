@@ -77,8 +77,9 @@ type Handler struct {
 	// X-Claude-Code-Parent-Agent-Id; "-" disables.
 	ParentAgentHeader string `json:"parent_agent_header,omitempty"`
 
-	// Whether metadata.user_id / metadata.session_id are read from the
-	// body when no header carries a key. Default true.
+	// Whether metadata.user_id / metadata.session_id and prompt_cache_key
+	// are read from the body when no header carries a key (a /v1/responses
+	// body's prompt_cache_key first). Default true.
 	BodyKeys *bool `json:"body_keys,omitempty"`
 
 	// Whether a request without a key gets the fallback key made from the

@@ -98,7 +98,7 @@ var uiReplicaColumns = []uiColumn{
 		Doc:   "cached tokens the engine delivered on this replica's sticky turns (each capped at its prediction) as a share of what their bindings predicted, with both token counts"},
 	{Key: "bindings", Label: "Bindings (recent)", Group: "Decisions",
 		Title: "conversations bound to the replica (of those, with a turn within active_window; and paused at a turn boundary, whose next turn waits until room comes round again: time-slicing, rotate_turns)",
-		Doc:   "conversations bound to this replica (of those, with a turn within `active_window`: `active` in the JSON, used when placing new ones; and those paused at a turn boundary, whose next turn waits until room comes round again, see *Time-slicing*: \"12 (3 recent, 2 paused)\", `paused` per replica and `admission.paused` / `paused_total` / `queued_turns` / `rotate_turns` in the JSON)"},
+		Doc:   "conversations bound to this replica (of those, with a turn within `active_window`: `active` in the JSON, used when placing new ones; and those paused at a turn boundary, whose next turn waits until room comes round again, see *Time-slicing*: \"12 (3 recent, 2 paused)\", `paused` per replica and `admission.paused` / `paused_total` / `queued_turns` / `rotate_turns` in the JSON); its tooltip counts the requests routed here by where their conversation key came from: a session header, the body (`metadata.user_id`, `prompt_cache_key`), a fingerprint of the conversation's start, or none (\"keyed by 40 header · 2 body\"; `keyed_by` in the JSON, `lm_warden_key_source_requests_total`)"},
 	{Key: "sticky", Label: "Sticky", Group: "Decisions", Title: "turns that stayed on their replica",
 		Doc: "turns that stayed on their replica, spill-declined included (`stayed_overloaded` in the JSON: of those, turns that stayed although the replica was over the threshold)"},
 	{Key: "spill_accepted", Label: "Spill-accepted", Group: "Decisions", Title: "conversations moved here from a replica over the spill threshold"},
@@ -110,9 +110,6 @@ var uiReplicaColumns = []uiColumn{
 	{Key: "side", Label: "Side", Group: "Decisions", Title: "side requests: another start under a bound conversation's key (a session title, a summary, a probe), routed without moving the conversation"},
 	{Key: "cold_replaced", Label: "Cold-replaced", Group: "Decisions", Title: "conversations placed anew because their replica no longer held their cache"},
 	{Key: "ended", Label: "Ended", Group: "Decisions", Title: "bindings dropped because the client ended the session"},
-	{Key: "keyed_by", Label: "Keyed by", Group: "Decisions",
-		Title: "requests routed here by where their conversation key came from: a session header, the body (metadata, prompt_cache_key), a fingerprint of the conversation's start, none",
-		Doc:   "requests routed here by where their conversation key came from: a session header, the body (`metadata.user_id`, `prompt_cache_key`), a fingerprint of the conversation's start, or none (a per-request pick): \"40 header · 2 body\" (`keyed_by` in the JSON, `lm_warden_key_source_requests_total`)"},
 }
 
 type uiReplicaRow struct {
@@ -261,7 +258,6 @@ func buildCardView(doc Card, now time.Time) uiCardView {
 				"bindings":       uiBindings(r),
 				"working_set":    uiWorkingSet(r.WorkingSetTokens, r.KVCapacityTokens, r.EngineKVTokens, r.Full),
 				"state":          state,
-				"keyed_by":       uiKeyedBy(r.KeyedBy),
 			}),
 		})
 	}
@@ -524,12 +520,13 @@ func uiBindings(r ReplicaRow) uiVal {
 	if r.Paused > 0 {
 		t += ", " + humanize.Comma(int64(r.Paused)) + " paused"
 	}
-	return uiVal{V: r.Bindings, T: t + ")"}
+	return uiVal{V: r.Bindings, T: t + ")", H: uiKeyedBy(r.KeyedBy)}
 }
 
-// uiKeyedBy is the Keyed-by cell: the sources that keyed a request here,
-// with their counts ("-" before any request).
-func uiKeyedBy(k KeySources) uiVal {
+// uiKeyedBy is the Bindings cell's tooltip: the sources that keyed the
+// requests routed here, with their counts ("" before any request). A
+// column of its own would widen the table past a 1280 px window.
+func uiKeyedBy(k KeySources) string {
 	var parts []string
 	for _, p := range []struct {
 		n    uint64
@@ -540,7 +537,7 @@ func uiKeyedBy(k KeySources) uiVal {
 		}
 	}
 	if len(parts) == 0 {
-		return uiVal{V: k, T: "-"}
+		return ""
 	}
-	return uiVal{V: k, T: strings.Join(parts, " · ")}
+	return "requests keyed by " + strings.Join(parts, " · ")
 }

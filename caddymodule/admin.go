@@ -325,7 +325,7 @@ func buildCard(m *modelState, now time.Time) Card {
 			ID: r.ID, Available: r.Available, Out: r.Out.Names(), ProxyFailures: r.ProxyFailures, Held: r.InFlight,
 			Counters: r.Counters, Bindings: r.Bindings, Active: r.Active, Paused: r.Paused,
 			PredictedCached: r.PredictedTokens, DeliveredCached: r.DeliveredTokens,
-			WorkingSetTokens: r.WorkingSet, Full: r.Full,
+			WorkingSetTokens: r.WorkingSet, Full: r.Full, KeyedBy: m.keys.row(r.ID),
 		}
 		if r.Capacity > 0 {
 			row.KVCapacityTokens = optional(r.Capacity)

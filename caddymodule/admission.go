@@ -26,6 +26,7 @@ import (
 // stopped, and a ticket admitted while its client left gives its slot back.
 func (m *modelState) await(ctx context.Context, tk *placement.Ticket) (placement.Decision, time.Duration, error) {
 	start := time.Now()
+	qid := m.queue.enter(start)
 	timer := time.NewTimer(time.Until(tk.Deadline()))
 	defer timer.Stop()
 	outcome := "admitted"
@@ -47,6 +48,7 @@ func (m *modelState) await(ctx context.Context, tk *placement.Ticket) (placement
 	if outcome == "admitted" && tk.Forced() {
 		outcome = "wait_limit"
 	}
+	m.queue.leave(qid, outcome != "cancelled", start.Add(waited), waited)
 	h := admissionWait
 	if tk.Paused() {
 		h = pausedWait
@@ -67,23 +69,12 @@ func (m *modelState) await(ctx context.Context, tk *placement.Ticket) (placement
 // (longer: no retry).
 const maxRetryAfter = 60
 
-// retryAfter is the Retry-After of a refused request: the mean wait of the
-// conversations admitted so far, at least a second, at most admit_wait
-// and maxRetryAfter.
-func retryAfter(a placement.AdmissionSnapshot) int {
-	wait := a.Wait
-	if n := a.AdmittedAfterWait + a.AdmittedAtLimit; n > 0 {
-		wait = min(wait, a.WaitedTotal/time.Duration(n))
-	}
-	return min(maxRetryAfter, max(1, int(math.Ceil(wait.Seconds()))))
-}
-
 // refuse answers a request the admission queue had no room for: 429 with
 // Retry-After and an error in the request's API format, or the error for
 // handle_errors routes (ErrorResponse as for the handler's other errors).
 func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, st *routeState) error {
 	a := st.model.router.Admission()
-	secs := retryAfter(a)
+	secs := st.model.retryAfter(a, time.Now())
 	w.Header().Set("Retry-After", strconv.Itoa(secs))
 	are := "are"
 	if a.Waiting == 1 {

@@ -361,12 +361,11 @@ func TestAdmissionTexts(t *testing.T) {
 		{"no warning when it fits", overcommitMessage(placement.AdmissionSnapshot{WorkingSetTokens: 100000, CapacityTokens: 147200, Strained: true}), ""},
 		// the estimate alone, with the engines keeping the caches and nothing waiting
 		{"no warning the engines do not confirm", overcommitMessage(placement.AdmissionSnapshot{WorkingSetTokens: 741000, CapacityTokens: 262000}), ""},
-		{"retry after: mean wait", fmt.Sprint(retryAfter(placement.AdmissionSnapshot{Wait: 5 * time.Minute, AdmittedAfterWait: 4, WaitedTotal: 42 * time.Second})), "11"},
+		{"retry after: an expected wait", fmt.Sprint(retrySeconds(10500*time.Millisecond, 5*time.Minute)), "11"},
 		// longer than clients wait: Claude Code gives up at once on 61 s
-		{"retry after: nothing admitted yet, capped", fmt.Sprint(retryAfter(placement.AdmissionSnapshot{Wait: 5 * time.Minute})), "60"},
-		{"retry after: mean wait, capped", fmt.Sprint(retryAfter(placement.AdmissionSnapshot{Wait: 5 * time.Minute, AdmittedAfterWait: 2, WaitedTotal: 4 * time.Minute})), "60"},
-		{"retry after: admit_wait below the cap", fmt.Sprint(retryAfter(placement.AdmissionSnapshot{Wait: 20 * time.Second})), "20"},
-		{"retry after: at least a second", fmt.Sprint(retryAfter(placement.AdmissionSnapshot{Wait: time.Minute, AdmittedAfterWait: 1})), "1"},
+		{"retry after: capped", fmt.Sprint(retrySeconds(4*time.Minute, 5*time.Minute)), "60"},
+		{"retry after: admit_wait below the cap", fmt.Sprint(retrySeconds(time.Minute, 20*time.Second)), "20"},
+		{"retry after: at least a few seconds", fmt.Sprint(retrySeconds(200*time.Millisecond, time.Minute)), "3"},
 	} {
 		if tc.got != tc.want {
 			t.Errorf("%s: %q, want %q", tc.name, tc.got, tc.want)

@@ -263,10 +263,10 @@ const peekStartSize = 64 << 10
 // system, tools…), so the first peekSize bytes, or peekStartSize, usually
 // hold the messages up to the first user message (see peek); start is 0
 // when the body was read in full (the caller computes it from body).
-func (h *Handler) peekStart(r *http.Request, rb *replayBody) (start uint64, model string, body []byte, tooBig bool, err error) {
+func (h *Handler) peekStart(r *http.Request, rb *replayBody, shape convkey.Shape) (start uint64, model string, body []byte, tooBig bool, err error) {
 	var twice bool
 	body, tooBig, err = h.peek(r, rb, peekStartSize, func(prefix string) bool {
-		fp, ok := convkey.StartFromPrefix(prefix, h.FingerprintBytes)
+		fp, ok := convkey.StartFromPrefixOf(prefix, h.FingerprintBytes, shape)
 		if ok {
 			start = fp
 			model, _, twice = modelFromPrefix(prefix)

@@ -18,6 +18,9 @@ func apiOf(path string) vllmstats.API {
 	if strings.Contains(path, "/v1/messages") {
 		return vllmstats.APIAnthropic
 	}
+	if strings.HasSuffix(strings.TrimSuffix(path, "/"), "/responses") {
+		return vllmstats.APIResponses
+	}
 	return vllmstats.APIOpenAI
 }
 

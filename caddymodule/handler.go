@@ -61,8 +61,11 @@ const (
 // Place it before reverse_proxy (the Caddyfile directive is ordered so).
 type Handler struct {
 	// Headers that carry a conversation key, tried in order. Default:
-	// X-Claude-Code-Session-Id, X-Session-Affinity, Session_id, Session-Id,
-	// X-Session-Id.
+	// X-Claude-Code-Session-Id, X-Session-Affinity, Session-Id, X-Session-Id.
+	// Caddy drops a request header whose name holds "_" (or ".") before
+	// any handler runs unless the server's expected_underscore_headers
+	// (expected_dot_headers) lists it; Provision warns about a configured
+	// name no server lists.
 	SessionHeaders []string `json:"session_headers,omitempty"`
 
 	// Header naming a sub-agent; its value is appended to the session key so
@@ -74,8 +77,9 @@ type Handler struct {
 	// X-Claude-Code-Parent-Agent-Id; "-" disables.
 	ParentAgentHeader string `json:"parent_agent_header,omitempty"`
 
-	// Whether metadata.user_id / metadata.session_id are read from the
-	// body when no header carries a key. Default true.
+	// Whether metadata.user_id / metadata.session_id and prompt_cache_key
+	// are read from the body when no header carries a key (a /v1/responses
+	// body's prompt_cache_key first). Default true.
 	BodyKeys *bool `json:"body_keys,omitempty"`
 
 	// Whether a request without a key gets the fallback key made from the
@@ -183,6 +187,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		parent = ""
 	}
 	h.keys = convkey.NewExtractor(h.SessionHeaders, agent, parent)
+	h.warnDroppedHeaders(ctx, append(append(slices.Clone(h.SessionHeaders), agent, parent), h.SessionEndHeaders...))
 	h.ends = nil
 	for _, e := range h.SessionEndHeaders {
 		if e != "-" && e != "" {
@@ -253,8 +258,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// response, and they must not be written then (see finish).
 	st := new(routeState)
 	st.api = apiOf(r.URL.Path)
+	if st.api == vllmstats.APIResponses {
+		st.shape = convkey.ShapeResponses
+	}
 	st.maxBody = h.MaxBody
 	st.key, st.parent = h.keys.FromHeaders(r.Header)
+	if st.key != "" {
+		st.keySource = keySrcHeader
+	}
 
 	st.end = h.sessionEnds(r.Header)
 
@@ -346,7 +357,7 @@ func (h *Handler) readKeys(w http.ResponseWriter, r *http.Request, st *routeStat
 	case wantStart && anyBinding(st.key):
 		// the start is compared only with a binding's: read the body's
 		// start when that holds it (and the model), else all of it
-		st.start, model, body, tooBig, err = h.peekStart(r, &st.rb)
+		st.start, model, body, tooBig, err = h.peekStart(r, &st.rb, st.shape)
 	case h.modelVar:
 		// only the model variable: as for the start
 		model, body, tooBig, err = h.peekModel(r, &st.rb)
@@ -365,15 +376,33 @@ func (h *Handler) readKeys(w http.ResponseWriter, r *http.Request, st *routeStat
 	}
 	view := convkey.BytesView(body)
 	if st.key == "" && h.bodyKeys {
-		st.key = convkey.SessionFromBody(view)
+		// the shape's own key first: a Responses body's prompt_cache_key
+		// (Codex's thread ID), found near its end, before a scan of the
+		// whole body for metadata it rarely has; Claude Code's
+		// metadata.user_id first otherwise
+		if st.shape == convkey.ShapeResponses {
+			st.key = convkey.PromptCacheKey(view)
+		}
+		if st.key == "" {
+			st.key = convkey.SessionFromBody(view)
+		}
+		if st.key == "" && st.shape != convkey.ShapeResponses {
+			st.key = convkey.PromptCacheKey(view)
+		}
+		if st.key != "" {
+			st.keySource = keySrcBody
+		}
 	}
 	if st.key != "" && h.restartDetection {
-		// a key from a header or the body's metadata: its start tells a
-		// restarted conversation (a fingerprint key is the start itself)
-		st.start = convkey.StartFingerprint(view, h.FingerprintBytes)
+		// a key from a header or the body: its start tells a restarted
+		// conversation (a fingerprint key is the start itself)
+		st.start = convkey.StartFingerprintOf(view, h.FingerprintBytes, st.shape)
 	}
 	if st.key == "" && h.fingerprint {
-		st.key = convkey.Fingerprint(view, h.FingerprintBytes)
+		st.key = convkey.FingerprintOf(view, h.FingerprintBytes, st.shape)
+		if st.key != "" {
+			st.keySource = keySrcFingerprint
+		}
 	}
 	if model == "" {
 		var twice bool

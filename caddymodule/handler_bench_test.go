@@ -64,25 +64,46 @@ func bigBody(size int, session string) []byte {
 	return []byte(sb.String())
 }
 
+// bigResponsesBody is a Codex-like Responses API request of about size
+// bytes: developer and environment messages, then function calls and their
+// outputs, tools, and prompt_cache_key (its only body key) at the end.
+func bigResponsesBody(size int, session string) []byte {
+	var sb strings.Builder
+	sb.WriteString(`{"model":"qwen3-4b","stream":true,"input":[{"type":"message","role":"developer","content":[{"type":"input_text","text":"You are a coding agent."}]},` +
+		`{"type":"message","role":"user","content":[{"type":"input_text","text":"<environment_context><cwd>/work</cwd></environment_context>"}]},` +
+		`{"type":"message","role":"user","content":[{"type":"input_text","text":"fix the failing test"}]}`)
+	chunk := `,{"type":"function_call","name":"shell","arguments":"{\"command\":[\"cat\",\"main.go\"]}","call_id":"call_1"},{"type":"function_call_output","call_id":"call_1","output":"` + strings.Repeat("lorem ipsum ", 80) + `"}`
+	for sb.Len() < size-300 {
+		sb.WriteString(chunk)
+	}
+	sb.WriteString(`],"tools":[{"type":"function","name":"shell"}],"tool_choice":"auto","parallel_tool_calls":true,"store":false,"include":[],"prompt_cache_key":"` + session + `"}`)
+	return []byte(sb.String())
+}
+
 type benchCase struct {
 	name    string
 	header  bool
 	body    []byte
 	handler bool // lm_warden handler + policy; false: Caddy's least_conn alone
 	policy  bool // without handler: the lm_warden policy alone (header keys)
+	path    string
 }
 
 func BenchmarkRouteRequest(b *testing.B) {
 	small := []byte(`{"model":"qwen3-4b","max_tokens":256,"messages":[{"role":"user","content":"hi"}]}`)
 	big := bigBody(256<<10, "2b1e7f3a-0c4d-4f7e-9a1b-5c6d7e8f9a0b")
+	bigResponses := bigResponsesBody(256<<10, "019b2d7e-0c4d-7f7e-9a1b-5c6d7e8f9a0b")
 	cases := []benchCase{
-		{"lm_warden/session-header", true, small, true, false},
-		{"lm_warden/body-user_id-256KB", false, big, true, false},
-		{"lm_warden/session-header-256KB", true, big, true, false},
-		{"lm_warden-policy-only/session-header", true, small, false, true},
-		{"least_conn/session-header", true, small, false, false},
-		{"least_conn/body-256KB", false, big, false, false},
-		{"lm_warden/session-header-no-model-var", true, small, true, false},
+		{"lm_warden/session-header", true, small, true, false, ""},
+		{"lm_warden/body-user_id-256KB", false, big, true, false, ""},
+		{"lm_warden/session-header-256KB", true, big, true, false, ""},
+		{"lm_warden-policy-only/session-header", true, small, false, true, ""},
+		{"least_conn/session-header", true, small, false, false, ""},
+		{"least_conn/body-256KB", false, big, false, false, ""},
+		{"lm_warden/session-header-no-model-var", true, small, true, false, ""},
+		{"lm_warden/responses-prompt_cache_key-256KB", false, bigResponses, true, false, "/v1/responses"},
+		{"lm_warden/responses-session-header-256KB", true, bigResponses, true, false, "/v1/responses"},
+		{"least_conn/responses-256KB", false, bigResponses, false, false, "/v1/responses"},
 	}
 	for _, bc := range cases {
 		b.Run(bc.name, func(b *testing.B) {
@@ -121,7 +142,11 @@ func BenchmarkRouteRequest(b *testing.B) {
 			for i := 0; i < b.N; i++ {
 				vars := make(map[string]any, 8)
 				ctx, cancel := context.WithCancel(context.WithValue(context.Background(), caddyhttp.VarsCtxKey, vars))
-				r, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://gw/v1/messages", bytes.NewReader(bc.body))
+				path := bc.path
+				if path == "" {
+					path = "/v1/messages"
+				}
+				r, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://gw"+path, bytes.NewReader(bc.body))
 				r.Header.Set("Content-Type", "application/json")
 				if bc.header {
 					r.Header.Set("X-Claude-Code-Session-Id", sessions[i%len(sessions)])

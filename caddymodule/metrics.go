@@ -130,7 +130,7 @@ func (collector) Describe(ch chan<- *prometheus.Desc) {
 		descReachable, descPollErrors, descAvailable, descOut, descProxyFailures,
 		descStickyCached, descColdMarked, descEnded, descWorkingSet, descEngineKV, descKVCapacity,
 		descAdmissionActive, descAdmissionWaiting, descAdmissionQueued, descAdmissionAdmitted,
-		descAdmissionRefused, descAdmissionCancelled, descPaused, descPausedTotal} {
+		descAdmissionRefused, descAdmissionCancelled, descPaused, descPausedTotal, descKeySource} {
 		ch <- d
 	}
 }
@@ -186,6 +186,7 @@ func (collector) Collect(ch chan<- prometheus.Metric) {
 			counter(descStickyCached, float64(r.DeliveredTokens), m.name, r.ID, "delivered")
 			counter(descColdMarked, float64(r.ColdMarked), m.name, r.ID)
 			counter(descEnded, float64(r.Ended), m.name, r.ID)
+			collectKeySources(ch, m, r.ID)
 			gauge(descWorkingSet, float64(r.WorkingSet), m.name, r.ID)
 			if r.Capacity > 0 {
 				gauge(descKVCapacity, float64(r.Capacity), m.name, r.ID)

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/lmwarden/caddy-lmwarden/internal/convkey"
 	"github.com/lmwarden/caddy-lmwarden/placement"
 	"github.com/lmwarden/caddy-lmwarden/vllmstats"
 )
@@ -17,7 +18,9 @@ type routeState struct {
 	start       uint64 // fingerprint of the conversation's start; 0 = unknown
 	end         bool   // the client marked this request as its session's last
 	api         vllmstats.API
-	model       *modelState // set by the policy that routed the request
+	shape       convkey.Shape // where the body keeps its conversation
+	keySource   keySource     // where key came from
+	model       *modelState   // set by the policy that routed the request
 	dec         placement.Decision
 	routed      bool
 	refused     bool       // the admission queue was full: answered 429
@@ -93,6 +96,9 @@ func (st *routeState) finished(status int, u *vllmstats.Usage, now time.Time) {
 		return
 	}
 	st.dec.ReleaseAt(now)
+	if st.model != nil {
+		st.model.keys.add(st.dec.Replica, st.keySource)
+	}
 	if u != nil && st.model != nil && status >= 200 && status < 300 {
 		st.model.completeUsage(st.dec.Replica, u)
 		st.model.recordUsage(st.dec.Replica, *u, now)

@@ -124,6 +124,9 @@ type modelState struct {
 
 	store   atomic.Pointer[bindstore.Store] // the shared binding store; nil without one
 	storeMu sync.Mutex                      // serialises replacing it
+
+	keys  keyCounts  // requests by replica and the source of their key
+	queue queueClock // recent waits in the admission queue (Retry-After)
 }
 
 func newModelState(name string, rcfg placement.Config) *modelState {

@@ -109,6 +109,8 @@ type responder struct {
 	prompt  int
 	created int64
 	buf     []byte
+	seq     int             // the next Responses API event's sequence number
+	text    strings.Builder // the Responses API's output so far
 }
 
 func strp(s string) *string { return &s }
@@ -190,6 +192,8 @@ func (o *responder) usage(out, cached int) *OpenAIUsage {
 func (o *responder) writeJSONResponse(toks []uint32, cached int) {
 	text := tokensText(toks)
 	switch o.g.kind {
+	case apiResponses:
+		writeJSON(o.w, http.StatusOK, o.responsesObject(text, len(toks), cached, true))
 	case apiMessages:
 		writeJSON(o.w, http.StatusOK, AnthropicMessage{
 			ID: "msg_" + o.id, Type: "message", Role: "assistant", Model: o.g.model,
@@ -234,6 +238,8 @@ func (o *responder) chunk(i int, tok uint32, cached int, last bool) {
 		finish = strp("length")
 	}
 	switch o.g.kind {
+	case apiResponses:
+		o.responsesChunk(i, text)
 	case apiMessages:
 		zero := 0
 		if i == 0 {
@@ -262,6 +268,8 @@ func (o *responder) chunk(i int, tok uint32, cached int, last bool) {
 // end writes the closing events.
 func (o *responder) end(out, cached int) {
 	switch o.g.kind {
+	case apiResponses:
+		o.responsesEnd(out, cached)
 	case apiMessages:
 		zero := 0
 		o.event("content_block_stop", AnthropicEvent{Type: "content_block_stop", Index: &zero})

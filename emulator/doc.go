@@ -2,7 +2,8 @@
 // engine model (paged KV cache with vLLM's prefix caching, a V1-style
 // scheduler with chunked prefill and recompute preemption, and a step-time
 // model calibrated to an RTX A4000 serving Qwen3-4B) and an HTTP server
-// that speaks vLLM's OpenAI- and Anthropic-compatible APIs and its
+// that speaks vLLM's OpenAI-compatible (chat, completions, Responses) and
+// Anthropic-compatible APIs and its
 // Prometheus metrics.
 //
 // The Engine has no clock: Step runs one scheduler step and returns its

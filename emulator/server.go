@@ -57,6 +57,10 @@ type ServerConfig struct {
 	Model string
 	// Engine sizes every engine; the zero value means DefaultEngineConfig().
 	Engine EngineConfig
+	// DefaultMaxTokens bounds the output of a request that sets no maximum
+	// (0: up to the model's length, as vLLM by default); vLLM's
+	// --override-generation-config '{"max_new_tokens": N}' does the same.
+	DefaultMaxTokens int
 	// Host to listen on (default 127.0.0.1).
 	Host string
 	// BasePort: replica i listens on BasePort+i; 0 picks free ports.
@@ -403,7 +407,7 @@ func (s *Server) EngineStats(engine int) (EngineStats, error) {
 func (rep *replica) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	path := strings.TrimSuffix(r.URL.Path, "/")
 	switch path {
-	case "/v1/chat/completions", "/v1/completions", "/v1/messages":
+	case "/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses":
 		if r.Method != http.MethodPost {
 			methodNotAllowed(w)
 			return
@@ -583,6 +587,7 @@ const (
 	apiChat apiKind = iota
 	apiCompletion
 	apiMessages
+	apiResponses
 )
 
 // genRequest is a parsed generation request of any API.
@@ -631,6 +636,13 @@ func parseGen(kind apiKind, body io.Reader) (*genRequest, error) {
 		}
 		g.model, g.maxTokens, g.stream = req.Model, req.MaxTokens, req.Stream
 		g.text, err = req.render()
+	case apiResponses:
+		var req responsesRequest
+		if err = dec.Decode(&req); err != nil {
+			return nil, fmt.Errorf("invalid JSON body: %w", err)
+		}
+		g.model, g.maxTokens, g.stream = req.Model, req.MaxOutputTokens, req.Stream
+		g.text, err = req.render()
 	}
 	return g, err
 }
@@ -642,6 +654,8 @@ func (rep *replica) generate(w http.ResponseWriter, r *http.Request, path string
 		kind = apiCompletion
 	case "/v1/messages":
 		kind = apiMessages
+	case "/v1/responses":
+		kind = apiResponses
 	}
 	anth := kind == apiMessages
 	if rep.holdIfHanging(w, r, anth) {
@@ -675,6 +689,9 @@ func (rep *replica) generate(w http.ResponseWriter, r *http.Request, path string
 		return
 	}
 	maxTokens := maxLen - len(prompt)
+	if d := rep.s.cfg.DefaultMaxTokens; d > 0 && g.maxTokens == nil {
+		maxTokens = min(maxTokens, d)
+	}
 	if g.maxTokens != nil {
 		maxTokens = *g.maxTokens
 		if maxTokens < 1 {

@@ -91,8 +91,10 @@ func FuzzParseGen(f *testing.F) {
 	f.Add(uint8(1), `{"prompt":["a"],"max_tokens":3}`)
 	f.Add(uint8(1), `{"prompt":[1,2,3]}`)
 	f.Add(uint8(2), `{"max_tokens":3,"system":[{"type":"text","text":"s"}],"messages":[{"role":"user","content":[{"type":"tool_result","content":[{"type":"text","text":"x"}]}]}]}`)
+	f.Add(uint8(3), `{"instructions":"i","input":[{"role":"developer","content":"d"},{"type":"function_call","name":"f","arguments":"{"},{"type":"function_call_output","output":[{"type":"input_text","text":"o"}]}]}`)
+	f.Add(uint8(3), `{"input":"one string","max_output_tokens":2}`)
 	f.Fuzz(func(t *testing.T, kind uint8, body string) {
-		g, err := parseGen(apiKind(kind%3), strings.NewReader(body))
+		g, err := parseGen(apiKind(kind%4), strings.NewReader(body))
 		if err != nil {
 			return
 		}

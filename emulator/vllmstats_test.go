@@ -83,3 +83,26 @@ func TestUsageReadByVllmstats(t *testing.T) {
 		})
 	}
 }
+
+// The usage parser reads the Responses API's usage as the emulator writes
+// it, streamed and not: the same figures as the response object's.
+func TestResponsesUsageReadByVllmstats(t *testing.T) {
+	s := startServer(t, ServerConfig{})
+	u := s.URLs()[0] + "/v1/responses"
+	body := map[string]any{"model": "m", "instructions": longText("i", 800), "input": "hello", "max_output_tokens": 40}
+	for round, stream := range []bool{false, true, true} {
+		body["stream"] = stream
+		resp := post(t, u, body)
+		p := vllmstats.NewUsageParser(vllmstats.APIResponses, stream)
+		if _, err := io.Copy(p, resp.Body); err != nil {
+			t.Fatal(err)
+		}
+		got := p.Usage()
+		if !got.Measured || !got.CachedMeasured || got.CompletionTokens != 40 || got.PromptTokens < 800 {
+			t.Fatalf("round %d (stream %v): %+v", round, stream, got)
+		}
+		if round > 0 && got.CachedTokens != (got.PromptTokens-1)/16*16 {
+			t.Fatalf("round %d: cached %d of %d", round, got.CachedTokens, got.PromptTokens)
+		}
+	}
+}

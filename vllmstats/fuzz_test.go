@@ -51,14 +51,11 @@ func FuzzParseMetrics(f *testing.F) {
 func FuzzUsageParser(f *testing.F) {
 	for _, tc := range usageCases {
 		if len(tc.body) < 4096 {
-			f.Add([]byte(tc.body), tc.api == APIAnthropic, uint16(len(tc.body)/2), uint16(len(tc.body)/3))
+			f.Add([]byte(tc.body), uint8(tc.api), uint16(len(tc.body)/2), uint16(len(tc.body)/3))
 		}
 	}
-	f.Fuzz(func(t *testing.T, body []byte, anthropic bool, cut1, cut2 uint16) {
-		api := APIOpenAI
-		if anthropic {
-			api = APIAnthropic
-		}
+	f.Fuzz(func(t *testing.T, body []byte, apiN uint8, cut1, cut2 uint16) {
+		api := API(1 + apiN%3) // APIOpenAI, APIAnthropic, APIResponses
 		whole := NewUsageParser(api, true)
 		whole.Write(body)
 		want := whole.Usage()

@@ -16,15 +16,22 @@ const (
 	APIOpenAI API = iota + 1
 	// APIAnthropic is Anthropic's /v1/messages.
 	APIAnthropic
+	// APIResponses is OpenAI's Responses API, /v1/responses: usage as
+	// input_tokens, input_tokens_details.cached_tokens and output_tokens,
+	// at the top of a JSON body and inside the response object of a
+	// stream's response.completed (or .incomplete, .failed) event.
+	APIResponses
 )
 
-// String returns "openai" or "anthropic".
+// String returns "openai", "anthropic" or "responses".
 func (a API) String() string {
 	switch a {
 	case APIOpenAI:
 		return "openai"
 	case APIAnthropic:
 		return "anthropic"
+	case APIResponses:
+		return "responses"
 	}
 	return "unknown"
 }
@@ -87,8 +94,11 @@ const (
 // SSE stream. In SSE mode every "data:" line mentioning "usage" is examined
 // (OpenAI's final chunk, Anthropic's message_start and message_delta); in JSON
 // mode the top-level "usage" value is captured by a small tokenizer without
-// buffering the body. Malformed or truncated input leaves the usage not
-// measured.
+// buffering the body. A Responses API stream repeats the whole response,
+// generated text included, in its closing event, so a line can be of any
+// length: there every "data:" line goes through the same tokenizer, which
+// captures the "usage" member of the event's response object. Malformed or
+// truncated input leaves the usage not measured.
 //
 // A UsageParser is not safe for concurrent use; reuse one with Reset.
 type UsageParser struct {
@@ -100,20 +110,35 @@ type UsageParser struct {
 	skipping bool   // inside a line longer than maxUsageLine
 	lineBuf  [maxUsageLine]byte
 
+	// Responses API stream: the "data:" prefix of the current line as far
+	// as it came, and whether the line is data (fed to the tokenizer) or
+	// something else (skipped to its end).
+	rsPre  [len("data:")]byte
+	rsPreN int
+	rsData bool
+	rsSkip bool
+
 	// JSON tokenizer state.
-	depth     int
-	inString  bool
-	escaped   bool
-	keyLen    int  // bytes of the current depth-1 string seen so far (capped)
-	keyIsUse  bool // the current depth-1 string so far equals a prefix of "usage"
-	afterKey  bool // a depth-1 string equal to "usage" just ended
-	capturing bool
-	capDepth  int
-	capOver   bool
-	capStr    bool
-	capEsc    bool
-	obj       []byte // backed by objBuf
-	objBuf    [maxUsageObject]byte
+	keyDepth int // the depth whose "usage" member is captured (1: top level)
+	depth    int
+	inString bool
+	escaped  bool
+	keyLen   int  // bytes of the current depth-1 string seen so far (capped)
+	keyIsUse bool // the current keyDepth string so far equals a prefix of "usage"
+	afterKey bool // a keyDepth string equal to "usage" just ended
+	// With keyDepth 2, usage is read only inside the top-level "response"
+	// object: parLen is as keyLen for the depth-1 string, afterParent
+	// reports one equal to "response" just ended, parMember that its ':'
+	// followed, inParent that the current depth-2 object is its value.
+	parLen                           int
+	afterParent, parMember, inParent bool
+	capturing                        bool
+	capDepth                         int
+	capOver                          bool
+	capStr                           bool
+	capEsc                           bool
+	obj                              []byte // backed by objBuf
+	objBuf                           [maxUsageObject]byte
 
 	// Result.
 	u                             Usage
@@ -135,14 +160,23 @@ func (p *UsageParser) Reset(api API, stream bool) {
 	p.mode = modeDetect
 	p.line = p.lineBuf[:0]
 	p.skipping = false
-	p.depth, p.inString, p.escaped = 0, false, false
-	p.keyLen, p.keyIsUse, p.afterKey = 0, false, false
-	p.capturing, p.capDepth, p.capOver, p.capStr, p.capEsc = false, 0, false, false, false
-	p.obj = p.objBuf[:0]
+	p.rsPreN, p.rsData, p.rsSkip = 0, false, false
+	p.resetJSON(1)
 	p.u = Usage{}
 	p.input, p.cacheRead, p.cacheCreate = 0, 0, 0
 	p.hasInput, p.hasRead, p.hasCreate = false, false, false
 	_ = stream
+}
+
+// resetJSON readies the tokenizer for a new document whose "usage" member
+// at keyDepth is captured.
+func (p *UsageParser) resetJSON(keyDepth int) {
+	p.keyDepth = keyDepth
+	p.depth, p.inString, p.escaped = 0, false, false
+	p.keyLen, p.keyIsUse, p.afterKey = 0, false, false
+	p.parLen, p.afterParent, p.parMember, p.inParent = 0, false, false, false
+	p.capturing, p.capDepth, p.capOver, p.capStr, p.capEsc = false, 0, false, false, false
+	p.obj = p.objBuf[:0]
 }
 
 // Usage returns what was read so far.
@@ -166,9 +200,12 @@ func (p *UsageParser) Write(b []byte) (int, error) {
 		}
 		b = b[i:]
 	}
-	if p.mode == modeJSON {
+	switch {
+	case p.mode == modeJSON:
 		p.writeJSON(b)
-	} else {
+	case p.api == APIResponses:
+		p.writeResponsesSSE(b)
+	default:
 		p.writeSSE(b)
 	}
 	return n, nil
@@ -197,6 +234,53 @@ func (p *UsageParser) writeSSE(b []byte) {
 			p.line = p.line[:0]
 		}
 		p.skipping = false
+		b = b[i+1:]
+	}
+}
+
+// writeResponsesSSE feeds each "data:" line of a Responses API stream to
+// the tokenizer, which captures usage at depth 2: {"type":…,"response":
+// {…,"usage":{…}}}. Only a line's first bytes are held (its prefix); the
+// rest passes through the tokenizer as it comes, so a completed event that
+// repeats megabytes of output costs no buffer.
+func (p *UsageParser) writeResponsesSSE(b []byte) {
+	for len(b) > 0 {
+		if !p.rsData && !p.rsSkip {
+			for len(b) > 0 && p.rsPreN < len(p.rsPre) && b[0] != '\n' {
+				p.rsPre[p.rsPreN] = b[0]
+				p.rsPreN++
+				b = b[1:]
+			}
+			if p.rsPreN == len(p.rsPre) {
+				if string(p.rsPre[:]) == "data:" {
+					p.rsData = true
+					p.resetJSON(2)
+				} else {
+					p.rsSkip = true
+				}
+			}
+			if len(b) == 0 {
+				return
+			}
+			if b[0] == '\n' && !p.rsData && !p.rsSkip {
+				// a line shorter than the prefix
+				p.rsPreN = 0
+				b = b[1:]
+				continue
+			}
+		}
+		i := bytes.IndexByte(b, '\n')
+		seg := b
+		if i >= 0 {
+			seg = b[:i]
+		}
+		if p.rsData {
+			p.writeJSON(seg)
+		}
+		if i < 0 {
+			return
+		}
+		p.rsPreN, p.rsData, p.rsSkip = 0, false, false
 		b = b[i+1:]
 	}
 }
@@ -255,8 +339,10 @@ func (p *UsageParser) writeJSON(b []byte) {
 			continue
 		}
 		if p.inString {
-			// Fast path: skip to the next quote or backslash.
-			if !p.escaped && p.depth != 1 {
+			// Fast path: skip to the next quote or backslash, unless the
+			// string may still be a member name that matters.
+			if !p.escaped && (p.depth != p.keyDepth || p.keyLen > len("usage")) &&
+				(p.depth != p.keyDepth-1 || p.parLen > len(responseKey)) {
 				j := indexQuoteOrBackslash(b[i:])
 				if j < 0 {
 					return
@@ -267,22 +353,32 @@ func (p *UsageParser) writeJSON(b []byte) {
 			switch {
 			case p.escaped:
 				p.escaped = false
-				p.keyIsUse = false
 			case c == '\\':
 				p.escaped = true
 				p.keyIsUse = false
+				p.keyLen, p.parLen = len("usage")+1, len(responseKey)+1
 			case c == '"':
 				p.inString = false
-				if p.depth == 1 {
+				if p.depth == p.keyDepth {
 					p.afterKey = p.keyIsUse && p.keyLen == len("usage")
 				}
+				if p.depth == p.keyDepth-1 {
+					p.afterParent = p.parLen == len(responseKey)
+				}
 			default:
-				if p.depth == 1 {
+				if p.depth == p.keyDepth {
 					if p.keyLen < len("usage") && c == "usage"[p.keyLen] {
 						p.keyLen++
 					} else {
 						p.keyIsUse = false
 						p.keyLen = len("usage") + 1
+					}
+				}
+				if p.depth == p.keyDepth-1 {
+					if p.parLen < len(responseKey) && c == responseKey[p.parLen] {
+						p.parLen++
+					} else {
+						p.parLen = len(responseKey) + 1
 					}
 				}
 			}
@@ -294,25 +390,36 @@ func (p *UsageParser) writeJSON(b []byte) {
 		case '"':
 			p.inString = true
 			p.keyLen, p.keyIsUse, p.afterKey = 0, true, false
+			p.parLen, p.afterParent = 0, false
 		case ':':
-			if p.afterKey && p.depth == 1 {
+			if p.afterKey && p.depth == p.keyDepth && (p.keyDepth == 1 || p.inParent) {
 				p.capturing = true
 				p.capDepth = 0
 				p.capOver = false
 				p.obj = p.objBuf[:0]
 			}
 			p.afterKey = false
+			p.parMember = p.afterParent && p.depth == p.keyDepth-1
+			p.afterParent = false
 		case '{', '[':
 			p.depth++
-			p.afterKey = false
+			if p.depth == p.keyDepth {
+				// the object the usage is looked for in
+				p.inParent = c == '{' && p.parMember
+			}
+			p.afterKey, p.afterParent, p.parMember = false, false, false
 		case '}', ']':
 			p.depth--
-			p.afterKey = false
+			p.afterKey, p.afterParent, p.parMember = false, false, false
 		default:
-			p.afterKey = false
+			p.afterKey, p.afterParent, p.parMember = false, false, false
 		}
 	}
 }
+
+// responseKey names the member of a Responses API event that holds the
+// response, whose usage is read (keyDepth 2).
+const responseKey = "response"
 
 func indexQuoteOrBackslash(b []byte) int {
 	for i, c := range b {
@@ -372,9 +479,12 @@ func (p *UsageParser) captureByte(c byte) {
 		s := bytesString(bytes.TrimSpace(p.obj))
 		if gjson.Valid(s) {
 			r := gjson.Parse(s)
-			if p.api == APIAnthropic {
+			switch p.api {
+			case APIAnthropic:
 				p.anthropicUsage(r)
-			} else {
+			case APIResponses:
+				p.responsesUsage(r)
+			default:
 				p.openAIUsage(r)
 			}
 		}
@@ -398,6 +508,29 @@ func (p *UsageParser) openAIUsage(r gjson.Result) {
 	}
 	if ca := r.Get("prompt_tokens_details.cached_tokens"); ca.Type == gjson.Number {
 		u.CachedTokens, u.CachedMeasured = ca.Int(), true
+	}
+	p.u = u
+}
+
+// responsesUsage reads the Responses API's {"input_tokens",
+// "input_tokens_details":{"cached_tokens"},"output_tokens"} (vLLM's
+// ResponseUsage, vllm/entrypoints/openai/responses/serving.py, and
+// OpenAI's); input_tokens counts the cached part too. A null usage (the
+// response.created event's) is ignored.
+func (p *UsageParser) responsesUsage(r gjson.Result) {
+	if !r.IsObject() {
+		return
+	}
+	in := r.Get("input_tokens")
+	if in.Type != gjson.Number {
+		return
+	}
+	u := Usage{PromptTokens: in.Int(), Measured: true}
+	if v := r.Get("output_tokens"); v.Type == gjson.Number {
+		u.CompletionTokens = v.Int()
+	}
+	if v := r.Get("input_tokens_details.cached_tokens"); v.Type == gjson.Number {
+		u.CachedTokens, u.CachedMeasured = v.Int(), true
 	}
 	p.u = u
 }

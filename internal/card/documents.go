@@ -185,6 +185,19 @@ type ReplicaRow struct {
 	EngineKVTokens *int64   `json:"engine_kv_tokens"`
 	RecentHits     *float64 `json:"recent_hits"`
 	Busy           float64  `json:"busy"`
+	// KeyedBy counts the requests routed here by where their conversation
+	// key came from.
+	KeyedBy KeySources `json:"keyed_by"`
+}
+
+// KeySources counts requests by where their conversation key came from: a
+// session header, the body (metadata or prompt_cache_key), a fingerprint
+// of the conversation's start, or none (a per-request pick).
+type KeySources struct {
+	Header      uint64 `json:"header"`
+	Body        uint64 `json:"body"`
+	Fingerprint uint64 `json:"fingerprint"`
+	None        uint64 `json:"none"`
 }
 
 // TokenCount is prompt tokens split by where they came from, and generated

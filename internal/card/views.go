@@ -5,6 +5,7 @@ import (
 	"math"
 	"net/url"
 	"reflect"
+	"strconv"
 	"strings"
 	"time"
 
@@ -97,7 +98,7 @@ var uiReplicaColumns = []uiColumn{
 		Doc:   "cached tokens the engine delivered on this replica's sticky turns (each capped at its prediction) as a share of what their bindings predicted, with both token counts"},
 	{Key: "bindings", Label: "Bindings (recent)", Group: "Decisions",
 		Title: "conversations bound to the replica (of those, with a turn within active_window; and paused at a turn boundary, whose next turn waits until room comes round again: time-slicing, rotate_turns)",
-		Doc:   "conversations bound to this replica (of those, with a turn within `active_window`: `active` in the JSON, used when placing new ones; and those paused at a turn boundary, whose next turn waits until room comes round again, see *Time-slicing*: \"12 (3 recent, 2 paused)\", `paused` per replica and `admission.paused` / `paused_total` / `queued_turns` / `rotate_turns` in the JSON)"},
+		Doc:   "conversations bound to this replica (of those, with a turn within `active_window`: `active` in the JSON, used when placing new ones; and those paused at a turn boundary, whose next turn waits until room comes round again, see *Time-slicing*: \"12 (3 recent, 2 paused)\", `paused` per replica and `admission.paused` / `paused_total` / `queued_turns` / `rotate_turns` in the JSON); its tooltip counts the requests routed here by where their conversation key came from: a session header, the body (`metadata.user_id`, `prompt_cache_key`), a fingerprint of the conversation's start, or none (\"keyed by 40 header · 2 body\"; `keyed_by` in the JSON, `lm_warden_key_source_requests_total`)"},
 	{Key: "sticky", Label: "Sticky", Group: "Decisions", Title: "turns that stayed on their replica",
 		Doc: "turns that stayed on their replica, spill-declined included (`stayed_overloaded` in the JSON: of those, turns that stayed although the replica was over the threshold)"},
 	{Key: "spill_accepted", Label: "Spill-accepted", Group: "Decisions", Title: "conversations moved here from a replica over the spill threshold"},
@@ -519,5 +520,24 @@ func uiBindings(r ReplicaRow) uiVal {
 	if r.Paused > 0 {
 		t += ", " + humanize.Comma(int64(r.Paused)) + " paused"
 	}
-	return uiVal{V: r.Bindings, T: t + ")"}
+	return uiVal{V: r.Bindings, T: t + ")", H: uiKeyedBy(r.KeyedBy)}
+}
+
+// uiKeyedBy is the Bindings cell's tooltip: the sources that keyed the
+// requests routed here, with their counts ("" before any request). A
+// column of its own would widen the table past a 1280 px window.
+func uiKeyedBy(k KeySources) string {
+	var parts []string
+	for _, p := range []struct {
+		n    uint64
+		name string
+	}{{k.Header, "header"}, {k.Body, "body"}, {k.Fingerprint, "fingerprint"}, {k.None, "none"}} {
+		if p.n > 0 {
+			parts = append(parts, strconv.FormatUint(p.n, 10)+" "+p.name)
+		}
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return "requests keyed by " + strings.Join(parts, " · ")
 }

@@ -19,11 +19,14 @@ import (
 
 // DefaultSessionHeaders are the request headers that carry a conversation
 // key, in the order they are tried: Claude Code's session header first, then
-// the headers other coding agents and gateways send.
+// the headers other coding agents and gateways send (OpenCode's
+// X-Session-Affinity, Codex's Session-Id). No name with "_" or "." is
+// among them: Caddy drops such request headers before any handler runs
+// unless the server's expected_underscore_headers (expected_dot_headers)
+// lists them.
 var DefaultSessionHeaders = []string{
 	"X-Claude-Code-Session-Id",
 	"X-Session-Affinity",
-	"Session_id",
 	"Session-Id",
 	"X-Session-Id",
 }
@@ -347,7 +350,12 @@ const billingPrefix = `"x-anthropic-billing-header`
 // and Claude Code's per-request billing block is skipped. It returns "" when
 // the body has neither a system prompt nor a user message.
 func Fingerprint(body string, limit int) string {
-	fp, ok := hashStart(body, limit, true)
+	return FingerprintOf(body, limit, ShapeMessages)
+}
+
+// FingerprintOf is Fingerprint of a body of the given shape.
+func FingerprintOf(body string, limit int, shape Shape) string {
+	fp, ok := hashStart(body, limit, true, shape)
 	if !ok {
 		return ""
 	}
@@ -376,7 +384,12 @@ func SplitStart(v uint64) (start uint64, lone bool) {
 // out lets the start be read from a body's first bytes: see
 // startFromPrefix). It returns 0 (unknown) when the body has no start.
 func StartFingerprint(body string, limit int) uint64 {
-	fp, _ := hashRestartStart(body, limit, false)
+	return StartFingerprintOf(body, limit, ShapeMessages)
+}
+
+// StartFingerprintOf is StartFingerprint of a body of the given shape.
+func StartFingerprintOf(body string, limit int, shape Shape) uint64 {
+	fp, _ := hashRestartStart(body, limit, false, shape)
 	return fp
 }
 
@@ -384,14 +397,19 @@ func StartFingerprint(body string, limit int) uint64 {
 // start; ok is false when prefix ends before the start does (the caller
 // then reads the whole body).
 func StartFromPrefix(prefix string, limit int) (fp uint64, ok bool) {
-	return hashRestartStart(prefix, limit, true)
+	return hashRestartStart(prefix, limit, true, ShapeMessages)
+}
+
+// StartFromPrefixOf is StartFromPrefix of a body of the given shape.
+func StartFromPrefixOf(prefix string, limit int, shape Shape) (fp uint64, ok bool) {
+	return hashRestartStart(prefix, limit, true, shape)
 }
 
 // hashRestartStart hashes the model and the messages up to the first user
 // message. With partial, body may be cut anywhere: every member hashed
 // must end inside it, and running out of messages before a user message
 // is not an end.
-func hashRestartStart(body string, limit int, partial bool) (uint64, bool) {
+func hashRestartStart(body string, limit int, partial bool, shape Shape) (uint64, bool) {
 	fp := newStartHash(limit, false)
 	model := gjson.Get(body, "model")
 	if !model.Exists() || (partial && !EndsInside(model, body)) {
@@ -399,7 +417,7 @@ func hashRestartStart(body string, limit int, partial bool) (uint64, bool) {
 	}
 	fp.write(model.Raw)
 	fp.sep()
-	if !fp.messages(body, partial) {
+	if !fp.messages(body, partial, shape) {
 		return 0, false
 	}
 	if fp.texts == 0 {
@@ -415,18 +433,18 @@ func hashRestartStart(body string, limit int, partial bool) (uint64, bool) {
 // hashStart hashes the conversation's start for fingerprint: the model,
 // the system prompt and the messages up to the first user message; ok is
 // false when there was no text to hash.
-func hashStart(body string, limit int, wide bool) (fp startHash, ok bool) {
+func hashStart(body string, limit int, wide bool, shape Shape) (fp startHash, ok bool) {
 	fp = newStartHash(limit, wide)
 	fp.write(gjson.Get(body, "model").Raw)
 	fp.sep()
-	sys := gjson.Get(body, "system")
+	sys := gjson.Get(body, shape.systemField())
 	switch {
 	case sys.Type == gjson.String:
 		fp.text(sys.Raw)
 	case sys.IsArray():
 		fp.content(sys)
 	}
-	fp.messages(body, false)
+	fp.messages(body, false, shape)
 	return fp, fp.texts > 0
 }
 
@@ -435,10 +453,17 @@ func hashStart(body string, limit int, wide bool) (fp startHash, ok bool) {
 // scan a long conversation to its end for the first few of them. With
 // partial (body may be cut anywhere) it reports false when a message does
 // not end inside body or body ends before the first user message.
-func (f *startHash) messages(body string, partial bool) bool {
-	for i, path := range messagePaths {
+func (f *startHash) messages(body string, partial bool, shape Shape) bool {
+	paths := &messagePaths
+	if shape == ShapeResponses {
+		paths = &inputPaths
+	}
+	for i, path := range paths {
 		m := gjson.Get(body, path)
 		if !m.Exists() {
+			if i == 0 && shape == ShapeResponses {
+				return f.inputString(body, partial)
+			}
 			return !partial
 		}
 		if partial && !EndsInside(m, body) {
@@ -565,6 +590,6 @@ func (f *startHash) sum() string {
 // BudgetLeft returns how many of the limit bytes the fingerprint of body
 // left unread; above 0, it reached the first user message.
 func BudgetLeft(body string, limit int) int {
-	fp, _ := hashStart(body, limit, false)
+	fp, _ := hashStart(body, limit, false, ShapeMessages)
 	return fp.budget
 }

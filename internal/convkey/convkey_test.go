@@ -22,7 +22,7 @@ func TestFromHeaders(t *testing.T) {
 		{"claude code", map[string]string{"X-Claude-Code-Session-Id": "s1"}, "s1", ""},
 		{"order: claude code wins", map[string]string{"X-Session-Id": "late", "X-Claude-Code-Session-Id": "s1"}, "s1", ""},
 		{"opencode", map[string]string{"x-session-affinity": "oc"}, "oc", ""},
-		{"codex underscore", map[string]string{"session_id": "cx"}, "cx", ""},
+		{"underscore: not a default (Caddy drops it)", map[string]string{"session_id": "cx"}, "", ""},
 		{"codex dash", map[string]string{"session-id": "cx2"}, "cx2", ""},
 		{"gateway", map[string]string{"x-session-id": "gw"}, "gw", ""},
 		{"blank skipped", map[string]string{"X-Claude-Code-Session-Id": "  ", "x-session-id": "gw"}, "gw", ""},

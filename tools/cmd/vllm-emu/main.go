@@ -50,6 +50,7 @@ func run() error {
 		dpRotate    = flag.Bool("dp-rotate", false, "the data-parallel balancer rotates its tie-break after every pick (vLLM from PR 47420 on); default: ties to the lowest engine")
 		reserveFull = flag.Bool("reserve-full-sequence", false, "admit a waiting request only when its whole prompt fits (vLLM's scheduler_reserve_full_isl)")
 		everyLookup = flag.Bool("count-every-lookup", false, "count prefix cache queries at every admission attempt (vLLM before PR 48860)")
+		defaultMax  = flag.Int("default-max-tokens", 0, "the most tokens a request that sets no max_tokens gets (vLLM: --override-generation-config '{\"max_new_tokens\": N}'); 0 = up to --max-model-len")
 		dpInterval  = flag.Duration("dp-stats-interval", emulator.DefaultDPStatsInterval, "engine-time period of the load snapshot the data-parallel balancer decides on")
 	)
 	flag.Parse()
@@ -67,7 +68,7 @@ func run() error {
 	srv, err := emulator.NewServer(emulator.ServerConfig{
 		Replicas: *replicas, DataParallel: *dp, Speed: *speed, Model: *model,
 		Engine: cfg, Host: *host, BasePort: *port, Logger: logger, DPStatsInterval: *dpInterval,
-		DPRotate: *dpRotate, DPAPIServers: *apiServers,
+		DPRotate: *dpRotate, DPAPIServers: *apiServers, DefaultMaxTokens: *defaultMax,
 	})
 	if err != nil {
 		return err

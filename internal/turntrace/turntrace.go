@@ -148,13 +148,3 @@ func Read(r io.Reader) ([]Turn, error) {
 	sort.SliceStable(out, func(i, j int) bool { return out[i].At.Before(out[j].At) })
 	return out, nil
 }
-
-// Append writes t as one line (JSON and a newline) to dst.
-func Append(dst []byte, t *Turn) ([]byte, error) {
-	b, err := json.Marshal(t)
-	if err != nil {
-		return dst, err
-	}
-	dst = append(dst, b...)
-	return append(dst, '\n'), nil
-}

@@ -8,7 +8,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -61,7 +63,10 @@ type Writer struct {
 	f    *os.File
 	bw   *bufio.Writer
 	size int64
-	ends map[string]time.Time // hashed conversation key -> end of its latest turn
+	ends map[[8]byte]time.Time // hashed conversation key -> end of its latest turn
+	mac  hash.Hash
+	kb   []byte // the key being hashed
+	sum  [sha256.Size]byte
 	line []byte
 	err  error // the last write error, logged once by the caller (Err)
 	mu   sync.Mutex
@@ -79,7 +84,7 @@ func Open(path string, maxSize int64) (*Writer, error) {
 		return nil, err
 	}
 	w := &Writer{path: path, key: key, ch: make(chan Entry, Queue), quit: make(chan struct{}),
-		done: make(chan struct{}), ends: make(map[string]time.Time)}
+		done: make(chan struct{}), ends: make(map[[8]byte]time.Time), mac: hmac.New(sha256.New, key)}
 	w.max.Store(maxSize)
 	if err := w.open(); err != nil {
 		return nil, err
@@ -213,7 +218,9 @@ const (
 	forgetAfter = 6 * time.Hour
 )
 
-// write turns one entry into a line; the goroutine's only.
+// write turns one entry into a line; the goroutine's only. In steady
+// state it allocates nothing: the hashes are fixed-size keys, the line is
+// built in a reused buffer.
 func (w *Writer) write(e *Entry) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -222,44 +229,23 @@ func (w *Writer) write(e *Entry) {
 		close(e.flushed)
 		return
 	}
-	t := Turn{V: Version, Conv: w.hash(e.Key), Model: e.Model, At: e.Start.UTC().Round(time.Millisecond),
-		Prompt: e.Prompt, Output: e.Output, Agent: e.Agent, Side: e.Side, Compacted: e.Compacted,
-		DurMS: max(e.End.Sub(e.Start).Milliseconds(), 0)}
+	conv := w.hash(e.Key)
+	var parent [8]byte
 	if e.Parent != "" {
-		t.Parent = w.hash(e.Parent)
+		parent = w.hash(e.Parent)
 	}
-	if e.CachedKnown {
-		c := min(max(e.Cached, 0), e.Prompt)
-		t.Cached = &c
+	last, seen := w.ends[conv]
+	var pause int64
+	if seen {
+		pause = e.Start.Sub(last).Milliseconds()
 	}
-	if !e.FirstByte.IsZero() {
-		t.TTFTMS = max(e.FirstByte.Sub(e.Start).Milliseconds(), 0)
-	}
-	if last, ok := w.ends[t.Conv]; ok {
-		t.PauseMS = e.Start.Sub(last).Milliseconds()
-	} else {
-		t.First = true
-	}
-	if last, ok := w.ends[t.Conv]; !ok || e.End.After(last) {
-		w.ends[t.Conv] = e.End
-	}
-	if len(w.ends) > sweepAt {
-		for k, end := range w.ends {
-			if e.End.Sub(end) > forgetAfter {
-				delete(w.ends, k)
-			}
+	if !seen || e.End.After(last) {
+		if !seen && len(w.ends) >= sweepAt {
+			w.sweep(e.End)
 		}
-		if len(w.ends) > sweepAt {
-			clear(w.ends)
-		}
+		w.ends[conv] = e.End
 	}
-	var err error
-	w.line, err = Append(w.line[:0], &t)
-	if err != nil {
-		w.failed.Add(1)
-		w.setErr(err)
-		return
-	}
+	w.line = appendEntry(w.line[:0], e, conv, parent, e.Parent != "", !seen, pause)
 	if m := w.max.Load(); m > 0 && w.size > 0 && w.size+int64(len(w.line)) > m {
 		if err := w.rotate(); err != nil {
 			w.failed.Add(1)
@@ -281,6 +267,87 @@ func (w *Writer) write(e *Entry) {
 	}
 }
 
+// sweep forgets the conversations quiet for longer than forgetAfter, and
+// all of them when that leaves too many.
+func (w *Writer) sweep(now time.Time) {
+	for k, end := range w.ends {
+		if now.Sub(end) > forgetAfter {
+			delete(w.ends, k)
+		}
+	}
+	if len(w.ends) >= sweepAt {
+		clear(w.ends)
+	}
+}
+
+// appendEntry appends e's line: the fields of Turn, in its order, with
+// the same names and omissions (Read parses it with encoding/json).
+func appendEntry(b []byte, e *Entry, conv, parent [8]byte, hasParent, first bool, pause int64) []byte {
+	b = append(b, `{"v":`...)
+	b = strconv.AppendInt(b, Version, 10)
+	b = append(b, `,"conv":"`...)
+	b = hex.AppendEncode(b, conv[:])
+	b = append(b, '"')
+	if hasParent {
+		b = append(b, `,"parent":"`...)
+		b = hex.AppendEncode(b, parent[:])
+		b = append(b, '"')
+	}
+	if e.Model != "" {
+		b = append(b, `,"model":`...)
+		b = appendString(b, e.Model)
+	}
+	b = append(b, `,"at":"`...)
+	b = e.Start.UTC().Round(time.Millisecond).AppendFormat(b, time.RFC3339Nano)
+	b = append(b, '"')
+	if first {
+		b = append(b, `,"first":true`...)
+	}
+	b = append(b, `,"pause_ms":`...)
+	b = strconv.AppendInt(b, pause, 10)
+	b = append(b, `,"prompt":`...)
+	b = strconv.AppendInt(b, e.Prompt, 10)
+	if e.CachedKnown {
+		b = append(b, `,"cached":`...)
+		b = strconv.AppendInt(b, min(max(e.Cached, 0), e.Prompt), 10)
+	}
+	b = append(b, `,"output":`...)
+	b = strconv.AppendInt(b, max(e.Output, 0), 10)
+	b = append(b, `,"dur_ms":`...)
+	b = strconv.AppendInt(b, max(e.End.Sub(e.Start).Milliseconds(), 0), 10)
+	if !e.FirstByte.IsZero() {
+		b = append(b, `,"ttft_ms":`...)
+		b = strconv.AppendInt(b, max(e.FirstByte.Sub(e.Start).Milliseconds(), 0), 10)
+	}
+	for _, m := range [...]struct {
+		on   bool
+		name string
+	}{{e.Agent, `,"agent":true`}, {e.Side, `,"side":true`}, {e.Compacted, `,"compacted":true`}} {
+		if m.on {
+			b = append(b, m.name...)
+		}
+	}
+	return append(b, "}\n"...)
+}
+
+// appendString appends s as a JSON string: quotes, backslashes and
+// control characters escaped, the rest as it is.
+func appendString(b []byte, s string) []byte {
+	const hexDigits = "0123456789abcdef"
+	b = append(b, '"')
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '"' || c == '\\':
+			b = append(b, '\\', c)
+		case c < 0x20 || c == 0x7f:
+			b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
+		default:
+			b = append(b, c)
+		}
+	}
+	return append(b, '"')
+}
+
 // rotate renames the full file to path.1 and starts a new one.
 func (w *Writer) rotate() error {
 	if err := w.bw.Flush(); err != nil {
@@ -296,13 +363,13 @@ func (w *Writer) rotate() error {
 	return w.open()
 }
 
-// hash is the conversation key's keyed hash: HMAC-SHA256, first 8 bytes
-// in hex.
-func (w *Writer) hash(key string) string {
-	m := hmac.New(sha256.New, w.key)
-	m.Write([]byte(key))
-	var sum [sha256.Size]byte
-	var hx [16]byte
-	hex.Encode(hx[:], m.Sum(sum[:0])[:8])
-	return string(hx[:])
+// hash is the conversation key's keyed hash: HMAC-SHA256, its first 8
+// bytes (written in hex).
+func (w *Writer) hash(key string) [8]byte {
+	w.mac.Reset()
+	w.kb = append(w.kb[:0], key...)
+	w.mac.Write(w.kb)
+	var out [8]byte
+	copy(out[:], w.mac.Sum(w.sum[:0]))
+	return out
 }

@@ -253,6 +253,9 @@ type replayedTurn struct {
 	conv           string // the trace's conv
 	serial, idx    int    // the conversation's order in the trace, the turn's in it
 	prompt, output int
+	cached         int // the prompt tokens the engine found cached
+	sent, end      time.Duration
+	replica        string
 	err, aborted   bool
 }
 
@@ -578,7 +581,8 @@ func (s *simulator) traceFinish(run *traceRun) {
 	s.turns = append(s.turns, run.rec)
 	it := run.item
 	s.replayed = append(s.replayed, replayedTurn{conv: it.t.Conv, serial: it.conv.serial, idx: it.idx,
-		prompt: len(run.prompt), output: len(run.req.Output), err: run.rec.Err, aborted: run.rec.Aborted})
+		prompt: len(run.prompt), output: len(run.req.Output), cached: max(run.req.CachedTokens, 0),
+		sent: run.sent, end: run.rec.End, replica: run.rec.Replica, err: run.rec.Err, aborted: run.rec.Aborted})
 	run.release(simEpoch.Add(s.now))
 	s.engines[run.rep].inflight--
 	r.done(it.conv, s.now)

@@ -266,8 +266,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// Not pooled: the request's variables keep pointing at it after the
 	// response, and they must not be written then (see finish).
 	st := new(routeState)
+	var arrived time.Time
 	if h.trace != nil {
-		st.arrived = time.Now()
+		arrived = time.Now()
 	}
 	st.api = apiOf(r.URL.Path)
 	st.maxBody = h.MaxBody
@@ -290,6 +291,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	rw.inference = isInference(r)
 	rw.measure = rw.inference
 	rw.ctx, rw.remote = r.Context(), r.RemoteAddr
+	rw.arrived = arrived
 	defer h.finish(rw)
 
 	err = next.ServeHTTP(rw, r)

@@ -32,9 +32,6 @@ type routeState struct {
 	// bytes came (zero when not streamed): the replica's prefill rate and
 	// turn time are learned from them (placement.Turn)
 	routedAt, firstAt time.Time
-	// arrived: when the handler got the request, taken only for the
-	// turn trace (zero without one)
-	arrived time.Time
 }
 
 func (st *routeState) addTried(id string) {

@@ -119,11 +119,11 @@ func (h *Handler) Cleanup() error {
 // goroutine hashes the keys and writes the line.
 func (h *Handler) traceTurn(rw *responseWatcher, u *vllmstats.Usage, now time.Time) {
 	st := rw.st
-	if !st.routed || st.key == "" || !u.Measured || rw.status < 200 || rw.status >= 300 || st.arrived.IsZero() {
+	if !st.routed || st.key == "" || !u.Measured || rw.status < 200 || rw.status >= 300 || rw.arrived.IsZero() {
 		return
 	}
 	e := turntrace.Entry{
-		Key: st.key, Start: st.arrived, End: now, FirstByte: st.firstAt,
+		Key: st.key, Start: rw.arrived, End: now, FirstByte: st.firstAt,
 		Prompt: u.PromptTokens, Cached: u.CachedTokens, CachedKnown: u.CachedMeasured,
 		Output: max(u.CompletionTokens, 0),
 		Side:   st.dec.Reason == placement.ReasonSide, Compacted: st.dec.Reason == placement.ReasonRestarted,

@@ -6,9 +6,11 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
+	"github.com/caddyserver/caddy/v2/caddyconfig"
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/lmwarden/caddy-lmwarden/emulator"
@@ -232,4 +234,25 @@ func labelOf(labels []*dto.LabelPair, name string) string {
 		}
 	}
 	return ""
+}
+
+// TestTraceDocSnippetAdapts: docs/trace.md's Caddyfile adapts, and its
+// trace line becomes the handler's trace_file and trace_max_size.
+func TestTraceDocSnippetAdapts(t *testing.T) {
+	t.Parallel()
+	doc, err := os.ReadFile("../docs/trace.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile("(?s)```caddyfile\n(.*?)```").FindSubmatch(doc)
+	if m == nil {
+		t.Fatal("docs/trace.md has no caddyfile snippet")
+	}
+	got, _, err := caddyconfig.GetAdapter("caddyfile").Adapt(m[1], map[string]any{"filename": "trace.md"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(got, []byte(`"trace_file":"/var/log/caddy/turns.jsonl","trace_max_size":104857600`)) {
+		t.Errorf("adapted JSON has no trace settings:\n%s", got)
+	}
 }

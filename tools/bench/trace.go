@@ -635,12 +635,12 @@ func WriteTraceSummary(w io.Writer, r *Report, cfg SimConfig) error {
 		hits = fmt.Sprintf("%.1f %% of the prompt tokens of the %d turns that reported them", t.HitPct, t.CachedTurns)
 	}
 	_, err := fmt.Fprintf(w, "Trace: %d turns of %d conversations (%d sub-agents), %d side requests, %d compacted, over %s.\n"+
-		"Recorded: %d prompt and %d output tokens (%s tok/min over the span); prefix hits %s.\n"+
-		"New lines (first turns, side requests) found a median %d tokens cached: the start they share (--trace-shared auto); the replay gave them %d.\n"+
-		"Replayed on %d replicas, %d KV blocks of %d tokens each, max_num_seqs %d; one row per mode below.\n",
+		"Recorded: %s prompt and %s output tokens (%s tok/min over the span); prefix hits %s.\n"+
+		"New lines (first turns, side requests) found a median %s tokens cached: the start they share (--trace-shared auto); the replay gave them %s.\n"+
+		"Replayed on %d replicas, %s KV blocks of %d tokens each, max_num_seqs %d; one row per mode below.\n",
 		t.Turns, t.Conversations, t.SubAgents, t.Side, t.Compacted, time.Duration(t.SpanS*float64(time.Second)).Round(time.Millisecond),
-		t.PromptTokens, t.OutputTokens, fnum(t.OutputTokensPerMin, 0), hits, t.SharedHint, t.SharedUsed,
-		cfg.Replicas, cfg.Engine.NumGPUBlocks, cfg.Engine.BlockSize, cfg.Engine.MaxNumSeqs)
+		fnum(float64(t.PromptTokens), 0), fnum(float64(t.OutputTokens), 0), fnum(t.OutputTokensPerMin, 0), hits, fnum(float64(t.SharedHint), 0), fnum(float64(t.SharedUsed), 0),
+		cfg.Replicas, fnum(float64(cfg.Engine.NumGPUBlocks), 0), cfg.Engine.BlockSize, cfg.Engine.MaxNumSeqs)
 	return err
 }
 

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"container/heap"
 	"errors"
 	"fmt"
 	"io"
@@ -272,11 +273,12 @@ func replayMode(cfg SimConfig, turns []turntrace.Turn, opt TraceOptions, mode st
 // traceReplay is one mode's replay of a trace.
 type traceReplay struct {
 	convs    []*traceConv
-	origin   time.Time    // the trace's first start
-	pending  []*traceItem // turns whose send time is known, not yet sent
-	waiting  []*traceRun  // turns held at the router for admission
+	origin   time.Time   // the trace's first start
+	pending  itemHeap    // turns whose send time is known, not yet sent
+	waiting  []*traceRun // turns held at the router for admission
 	inflight map[*traceRun]bool
 	left     int // turns not done
+	seq      int // scheduling order: ties in send time go in it
 	tok      uint32
 	shared   []uint32
 	starts   uint64
@@ -303,6 +305,27 @@ type traceItem struct {
 	sendAt    time.Duration
 	sentAt    time.Duration // -1 until sent
 	scheduled bool
+	seq       int
+}
+
+// itemHeap orders scheduled turns by send time, then scheduling order.
+type itemHeap []*traceItem
+
+func (h itemHeap) Len() int { return len(h) }
+func (h itemHeap) Less(i, j int) bool {
+	if h[i].sendAt != h[j].sendAt {
+		return h[i].sendAt < h[j].sendAt
+	}
+	return h[i].seq < h[j].seq
+}
+func (h itemHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *itemHeap) Push(x any)   { *h = append(*h, x.(*traceItem)) }
+func (h *itemHeap) Pop() any {
+	old := *h
+	it := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	return it
 }
 
 // traceRun is a turn sent: the engine request's Data.
@@ -376,7 +399,9 @@ func (r *traceReplay) schedule(c *traceConv, now time.Duration) {
 		at = prev.sentAt + t.At.Sub(prev.t.At)
 	}
 	it.sendAt, it.scheduled = max(at, now), true
-	r.pending = append(r.pending, it)
+	it.seq = r.seq
+	r.seq++
+	heap.Push(&r.pending, it)
 	c.next++
 }
 
@@ -385,6 +410,10 @@ func (r *traceReplay) done(c *traceConv, now time.Duration) {
 	c.ended++
 	c.lastEnd = max(c.lastEnd, now)
 	r.left--
+	if c.ended == len(c.items) {
+		c.main, c.side = nil, nil // nothing extends them any more
+		return
+	}
 	r.schedule(c, now)
 }
 
@@ -422,18 +451,12 @@ func (s *simulator) replay(mode string, turns []turntrace.Turn, opt TraceOptions
 				next, which = e.stepEnd, i
 			}
 		}
-		due := -1
-		for i, it := range r.pending {
-			if it.sendAt <= next && (due < 0 || it.sendAt < r.pending[due].sendAt) {
-				due = i
-			}
-		}
+		due := len(r.pending) > 0 && r.pending[0].sendAt <= next
 		if mode == ModeVLLMDP && nextPublish < next {
 			next, which = nextPublish, -2
 		}
-		if due >= 0 && (which < 0 || r.pending[due].sendAt < next) {
-			it := r.pending[due]
-			r.pending = append(r.pending[:due], r.pending[due+1:]...)
+		if due && (which < 0 || r.pending[0].sendAt < next) {
+			it := heap.Pop(&r.pending).(*traceItem)
 			s.advanceTo(it.sendAt, nil)
 			s.traceSend(it)
 			s.traceAdmitted()

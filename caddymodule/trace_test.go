@@ -256,3 +256,19 @@ func TestTraceDocSnippetAdapts(t *testing.T) {
 		t.Errorf("adapted JSON has no trace settings:\n%s", got)
 	}
 }
+
+// TestTraceFileUnopenable: a trace file that cannot be opened fails the
+// configuration with the reason, before anything is served.
+func TestTraceFileUnopenable(t *testing.T) {
+	h := &Handler{TraceFile: filepath.Join(t.TempDir(), "missing", "turns.jsonl")}
+	err := h.Provision(benchCtx())
+	if err == nil || !strings.Contains(err.Error(), "trace_file") || !strings.Contains(err.Error(), "no such file") {
+		t.Fatalf("Provision: %v; want the trace file's error", err)
+	}
+	if h.trace != nil {
+		t.Fatal("a writer without a file")
+	}
+	if err := h.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -47,3 +47,28 @@ func TestLineIsTurnJSON(t *testing.T) {
 		}
 	}
 }
+
+// TestWriterDropsWhenFull: with the writer's goroutine held up, Add never
+// waits: what the queue cannot take is dropped and counted, the rest
+// written once the goroutine goes on.
+func TestWriterDropsWhenFull(t *testing.T) {
+	w, err := Open(filepath.Join(t.TempDir(), "t.jsonl"), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.mu.Lock() // the goroutine stops at its first write
+	e := Entry{Key: "k", Start: t0, End: t0, Prompt: 1}
+	const n = Queue + 100
+	for range n {
+		w.Add(&e)
+	}
+	w.mu.Unlock()
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s := w.Stats()
+	// the goroutine may have taken one entry out before it blocked
+	if s.Written+s.Dropped != n || s.Dropped < 99 || s.Dropped > 100 {
+		t.Fatalf("stats %+v after %d adds with a queue of %d", s, n, Queue)
+	}
+}

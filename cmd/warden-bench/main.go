@@ -5,6 +5,7 @@
 //
 //	warden-bench demo [--full] [--compare] [flags]
 //	warden-bench sim  [--preset 4gpu|7gpu] [--compare] [flags]
+//	warden-bench sim  --trace FILE [--replicas N --kv-blocks N ...]
 //	warden-bench run  --url URL --metrics URL[,URL...] [flags]
 package main
 
@@ -70,7 +71,8 @@ func usage(w io.Writer) {
 vLLM data-parallel 4; docs/reference-measurement.md), column for column.
 
   warden-bench demo   emulator + Caddy with LM Warden in-process; stages 4-32, vLLM's own balancer then LM Warden
-  warden-bench sim    the same experiment on a virtual clock (engine model x real router), in seconds
+  warden-bench sim    the same experiment on a virtual clock (engine model x real router), in seconds;
+                      with --trace FILE, a trace of your own traffic (the handler's trace option) under every mode
   warden-bench run    drive any base URL (vLLM, or LM Warden in front of it) and poll the replicas
 
 Run "warden-bench <command> -h" for its flags.

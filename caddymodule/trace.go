@@ -103,13 +103,14 @@ func (h *Handler) provisionTrace(ctx caddy.Context) error {
 }
 
 // Cleanup lets go of the trace file: it closes when no loaded
-// configuration names it any more.
+// configuration names it any more. h.trace is left as it is: requests of
+// this configuration still streaming read it, and a turn they add to a
+// closed writer is dropped and counted.
 func (h *Handler) Cleanup() error {
 	if h.trace == nil {
 		return nil
 	}
 	_, err := traceFiles.Delete(h.tracePath)
-	h.trace = nil
 	return err
 }
 

@@ -40,6 +40,8 @@ func parseHandlerCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler,
 //	    max_body            <size>
 //	    error_response      api|caddy
 //	    strip_billing_block on|off
+//	    # recording
+//	    trace               <file> [<max_size>]
 //	}
 //
 // Every switch takes on|off (true|false too) and is a boolean of the same
@@ -85,6 +87,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 		case "strip_billing_block":
 			h.StripBillingBlock, err = parseOnOff(d)
+		case "trace":
+			err = h.unmarshalTrace(d)
 		default:
 			err = d.Errf("unrecognized lm_warden option %q", opt)
 		}

@@ -206,6 +206,24 @@ func TestHandlerCaddyfile(t *testing.T) {
 		{"bad error_response", `lm_warden {
 			error_response html
 		}`, Handler{}, true},
+		{"trace", `lm_warden {
+			trace /var/log/caddy/turns.jsonl
+		}`, Handler{TraceFile: "/var/log/caddy/turns.jsonl"}, false},
+		{"trace with a cap", `lm_warden {
+			trace turns.jsonl 20MiB
+		}`, Handler{TraceFile: "turns.jsonl", TraceMaxSize: 20 << 20}, false},
+		{"trace without a file", `lm_warden {
+			trace
+		}`, Handler{}, true},
+		{"trace with a bad cap", `lm_warden {
+			trace turns.jsonl lots
+		}`, Handler{}, true},
+		{"trace with a zero cap", `lm_warden {
+			trace turns.jsonl 0
+		}`, Handler{}, true},
+		{"trace with too much", `lm_warden {
+			trace turns.jsonl 1MiB 2MiB
+		}`, Handler{}, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -11,6 +11,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/lmwarden/caddy-lmwarden/internal/convkey"
+	"github.com/lmwarden/caddy-lmwarden/internal/turntrace"
 	"github.com/lmwarden/caddy-lmwarden/vllmstats"
 	"go.uber.org/zap"
 )
@@ -153,6 +154,19 @@ type Handler struct {
 	// Default off.
 	StripBillingBlock bool `json:"strip_billing_block,omitempty"`
 
+	// The file the turn trace is appended to (see trace.go and
+	// docs/trace.md): one JSON line per turn a replica answered, with its
+	// hashed conversation key, sizes, timing and marks, no text. Empty
+	// (the default): no trace.
+	TraceFile string `json:"trace_file,omitempty"`
+	// The trace file's size cap in bytes: past it the file is moved to
+	// TraceFile + ".1" (replacing an older one) and a new one started.
+	// Default 100 MiB.
+	TraceMaxSize int64 `json:"trace_max_size,omitempty"`
+
+	trace     *turntrace.Writer // nil: no trace
+	tracePath string            // its absolute path, its key in traceFiles
+
 	keys   convkey.Extractor
 	ends   []string // canonical session-end header names
 	logger *zap.Logger
@@ -194,7 +208,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			h.ends = append(h.ends, http.CanonicalHeaderKey(e))
 		}
 	}
-	return nil
+	return h.provisionTrace(ctx)
 }
 
 // withDefaults fills the settings left empty and resolves the switches,
@@ -257,6 +271,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// Not pooled: the request's variables keep pointing at it after the
 	// response, and they must not be written then (see finish).
 	st := new(routeState)
+	var arrived time.Time
+	if h.trace != nil {
+		arrived = time.Now()
+	}
 	st.api = apiOf(r.URL.Path)
 	if st.api == vllmstats.APIResponses {
 		st.shape = convkey.ShapeResponses
@@ -284,6 +302,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	rw.inference = isInference(r)
 	rw.measure = rw.inference
 	rw.ctx, rw.remote = r.Context(), r.RemoteAddr
+	rw.arrived = arrived
 	defer h.finish(rw)
 
 	err = next.ServeHTTP(rw, r)
@@ -513,7 +532,11 @@ func (h *Handler) finish(rw *responseWatcher) {
 	}
 	if rw.parser != nil {
 		u := rw.parser.Usage()
-		rw.st.finished(rw.status, &u, time.Now())
+		now := time.Now()
+		rw.st.finished(rw.status, &u, now)
+		if h.trace != nil {
+			h.traceTurn(rw, &u, now)
+		}
 		putParser(rw.parser)
 		rw.parser = nil
 	} else {

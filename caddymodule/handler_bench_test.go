@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -104,15 +105,22 @@ func BenchmarkRouteRequest(b *testing.B) {
 		{"lm_warden/responses-prompt_cache_key-256KB", false, bigResponses, true, false, "/v1/responses"},
 		{"lm_warden/responses-session-header-256KB", true, bigResponses, true, false, "/v1/responses"},
 		{"least_conn/responses-256KB", false, bigResponses, false, false, "/v1/responses"},
+		{"lm_warden/session-header-trace", true, small, true, false, ""},
 	}
 	for _, bc := range cases {
 		b.Run(bc.name, func(b *testing.B) {
 			pool := benchPool(4)
 			var lc reverseproxy.LeastConnSelection
 			h := &Handler{ModelVar: ptr(!strings.HasSuffix(bc.name, "no-model-var"))}
+			if strings.HasSuffix(bc.name, "-trace") {
+				// the turn trace on (trace.go): each turn's figures are
+				// queued for the writer's goroutine
+				h.TraceFile = filepath.Join(b.TempDir(), "turns.jsonl")
+			}
 			if err := h.Provision(benchCtx()); err != nil {
 				b.Fatal(err)
 			}
+			b.Cleanup(func() { _ = h.Cleanup() })
 			p := benchPolicy(b, "bench-"+strings.ReplaceAll(bc.name, "/", "-"))
 			next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
 				var up *reverseproxy.Upstream
@@ -162,6 +170,12 @@ func BenchmarkRouteRequest(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
+			}
+			if h.trace != nil {
+				b.StopTimer()
+				h.trace.Flush()
+				st := h.trace.Stats()
+				b.ReportMetric(float64(st.Dropped)/float64(b.N), "dropped/op")
 			}
 		})
 	}

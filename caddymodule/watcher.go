@@ -31,6 +31,10 @@ type responseWatcher struct {
 	status      int
 	encoded     bool // the response has a Content-Encoding: usage cannot be read
 	stream      bool // a measured event stream: its first write marks the first token
+	// arrived: when the handler got the request, taken only for the turn
+	// trace (zero without one); here, in the pooled watcher, so that the
+	// request's own state does not grow by it
+	arrived time.Time
 }
 
 // statusClientClosed is the status Caddy's proxy records for a request

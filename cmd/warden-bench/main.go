@@ -5,6 +5,7 @@
 //
 //	warden-bench demo [--full] [--compare] [flags]
 //	warden-bench sim  [--preset 4gpu|7gpu] [--compare] [flags]
+//	warden-bench sim  --trace FILE [--replicas N --kv-blocks N ...]
 //	warden-bench run  --url URL --metrics URL[,URL...] [flags]
 package main
 
@@ -70,7 +71,8 @@ func usage(w io.Writer) {
 vLLM data-parallel 4; docs/reference-measurement.md), column for column.
 
   warden-bench demo   emulator + Caddy with LM Warden in-process; stages 4-32, vLLM's own balancer then LM Warden
-  warden-bench sim    the same experiment on a virtual clock (engine model x real router), in seconds
+  warden-bench sim    the same experiment on a virtual clock (engine model x real router), in seconds;
+                      with --trace FILE, a trace of your own traffic (the handler's trace option) under every mode
   warden-bench run    drive any base URL (vLLM, or LM Warden in front of it) and poll the replicas
 
 Run "warden-bench <command> -h" for its flags.
@@ -297,12 +299,29 @@ func runSim(args []string) error {
 	fs.IntVar(&cfg.RestartReplica, "restart-replica", 0, "the replica --restart-at restarts")
 	matrix := fs.Bool("matrix", false, "run every traffic shape the bench knows (closed loop, --think 3s and 20s, --interactive, seqs8, 7gpu, waves, fleet) for vllm-dp, on and default, and print one scorecard of the default against the best of the others; --stage-length and --warmup apply to all")
 	detail := fs.Bool("detail", false, "print per stage where turns spend their time (queue, prefill, preemptions) and each replica's load")
+	trace := fs.String("trace", "", "replay a turn trace (the lm_warden handler's trace option; FILE or FILE.1,FILE) with every mode instead of the workload, on the replicas the other flags size; docs/trace.md")
+	var topt bench.TraceOptions
+	shared := fs.String("trace-shared", "0", "--trace: tokens every new line (a conversation's first turn, a side request) starts with, shared by all (the system prompt and tools a client sends in every one); auto: the median of what such turns found cached when recorded")
+	fs.DurationVar(&topt.Limit, "trace-limit", 0, "--trace: longest a mode's replay runs, engine time (0: ten times the trace's span plus an hour)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	// The preset's own stages and modes, unless given.
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if *trace != "" {
+		if *shared == "auto" {
+			topt.SharedTokens = bench.SharedAuto
+		} else if n, err := strconv.Atoi(*shared); err != nil || n < 0 {
+			return fmt.Errorf("--trace-shared must be a token count or auto, got %q", *shared)
+		} else {
+			topt.SharedTokens = n
+		}
+		if !set["modes"] {
+			c.compare = true // every mode the bench knows
+		}
+		return runTrace(cfg, c, strings.Split(*trace, ","), topt, *detail)
+	}
 	if *matrix {
 		var length, warm time.Duration
 		if set["stage-length"] {
@@ -343,6 +362,48 @@ func runSim(args []string) error {
 		return err
 	}
 	return finish(rep, c.out)
+}
+
+// runTrace replays a trace under every mode (or --modes) and prints what
+// the trace recorded, then the same table as a sweep.
+func runTrace(cfg bench.SimConfig, c common, paths []string, opt bench.TraceOptions, detail bool) error {
+	_, modes, err := c.parse()
+	if err != nil {
+		return err
+	}
+	turns, err := bench.ReadTraceFiles(paths...)
+	if err != nil {
+		return err
+	}
+	cfg.Modes = modes
+	cfg.Placement.MaxNumSeqs = cfg.Engine.MaxNumSeqs
+	start := time.Now()
+	cfg.Progress = func(st bench.Stage) {
+		fmt.Fprintf(os.Stderr, "sim %-12s trace: %5d requests, prefix hits %5.1f%%, TTFB p50 %6.2fs  (%.1fs)\n",
+			st.Mode, st.Requests, st.PrefixHitPct, st.TTFBP50S, time.Since(start).Seconds())
+	}
+	if detail {
+		cfg.Detail = func(d bench.SimDetail) { _ = bench.WriteSimDetail(os.Stderr, d) }
+	}
+	rep, err := bench.SimTrace(cfg, turns, opt)
+	if err != nil {
+		return err
+	}
+	fmt.Println()
+	if err := bench.WriteTraceSummary(os.Stdout, rep, cfg); err != nil {
+		return err
+	}
+	fmt.Println()
+	if err := rep.WriteTable(os.Stdout); err != nil {
+		return err
+	}
+	paths, err = rep.WriteReport(c.out)
+	if err != nil {
+		return err
+	}
+	fmt.Println()
+	fmt.Println("wrote", strings.Join(paths, " "))
+	return nil
 }
 
 func joinInts(ns []int) string {

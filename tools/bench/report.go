@@ -20,6 +20,8 @@ type Report struct {
 	Speed    float64  `json:"speed,omitempty"` // engine seconds per wall second
 	Workload Workload `json:"workload"`
 	Stages   []Stage  `json:"stages"`
+	// Trace is what a replayed trace recorded (sim --trace), nil otherwise.
+	Trace *TraceSummary `json:"trace,omitempty"`
 }
 
 // WriteJSON writes the report, indented.

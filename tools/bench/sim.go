@@ -140,6 +140,12 @@ type simulator struct {
 	stopped    bool
 	win        Window
 	detail     *simDetailAcc
+	// parent: the parent conversation of the turn being routed (a
+	// replayed trace's sub-agent), "" when none
+	parent string
+	// trace: the replay of a trace (trace.go), nil in a workload's stages
+	trace    *traceReplay
+	replayed []replayedTurn // the turns a replay sent, in the order they ended
 	// idleHeld: replica-seconds in the window that an engine sat idle
 	// (nothing running, nothing waiting) while a turn waited at the router
 	idleHeld time.Duration
@@ -204,6 +210,29 @@ func simReport(cfg SimConfig) *Report { return &Report{Kind: "sim", Workload: cf
 // simulate runs cfg's stages, and in each every mode in turn, on one set of
 // replicas.
 func simulate(cfg SimConfig) (*Report, error) {
+	s, err := newSimulator(cfg)
+	if err != nil {
+		return nil, err
+	}
+	rep := simReport(cfg)
+	for _, n := range cfg.Stages {
+		for _, m := range cfg.Modes {
+			st, err := s.stage(m, n)
+			if err != nil {
+				return rep, err
+			}
+			rep.Stages = append(rep.Stages, st)
+			if cfg.Progress != nil {
+				cfg.Progress(st)
+			}
+		}
+	}
+	return rep, nil
+}
+
+// newSimulator builds cfg's replicas (fresh engines, the router knowing
+// them all available) and polls them once.
+func newSimulator(cfg SimConfig) (*simulator, error) {
 	gen, err := NewGenerator(cfg.Workload, emulator.CountTokens)
 	if err != nil {
 		return nil, err
@@ -240,21 +269,7 @@ func simulate(cfg SimConfig) (*Report, error) {
 		s.router.SetAvailable(id, true)
 	}
 	s.poll()
-
-	rep := simReport(cfg)
-	for _, n := range cfg.Stages {
-		for _, m := range cfg.Modes {
-			st, err := s.stage(m, n)
-			if err != nil {
-				return rep, err
-			}
-			rep.Stages = append(rep.Stages, st)
-			if cfg.Progress != nil {
-				cfg.Progress(st)
-			}
-		}
-	}
-	return rep, nil
+	return s, nil
 }
 
 func validMode(m string) bool {
@@ -440,6 +455,10 @@ func (s *simulator) finishStep(i int) {
 	e := s.engines[i]
 	e.stepping = false
 	for _, ev := range e.pending {
+		if tr, ok := ev.Req.Data.(*traceRun); ok {
+			s.traceEvent(e, tr, ev) // a replayed trace's turn (trace.go)
+			continue
+		}
 		t, ok := ev.Req.Data.(*simTurn)
 		if !ok || ev.Req.Aborted || t.slot.cur != t {
 			continue
@@ -632,7 +651,7 @@ func (s *simulator) route(key string, start uint64, tokens int) (int, placement.
 		start = 0 // LM Warden without the lifecycle checks
 	}
 	// Admit routes as Route does unless admission is on (the admit mode)
-	d, tk, err := s.router.Admit(placement.Request{Key: key, Start: start, Tokens: tokens, Now: simEpoch.Add(s.now)})
+	d, tk, err := s.router.Admit(placement.Request{Key: key, Parent: s.parent, Start: start, Tokens: tokens, Now: simEpoch.Add(s.now)})
 	switch {
 	case err != nil:
 		// every replica is always available here, and the queue limit

@@ -108,8 +108,8 @@ func WavesSimConfig() SimConfig {
 }
 
 // SimPreset returns the simulation preset of that name: 4gpu (the
-// reference measurement), 7gpu, seqs8 (SmallSeqsSimConfig) or waves
-// (WavesSimConfig).
+// reference measurement), 7gpu, seqs8 (SmallSeqsSimConfig), waves
+// (WavesSimConfig), fleet (FleetSimConfig) or llmd-sim (LLMDSimConfig).
 func SimPreset(name string) (SimConfig, error) {
 	switch name {
 	case "4gpu":
@@ -122,8 +122,10 @@ func SimPreset(name string) (SimConfig, error) {
 		return WavesSimConfig(), nil
 	case "fleet":
 		return FleetSimConfig(), nil
+	case "llmd-sim":
+		return LLMDSimConfig(), nil
 	}
-	return SimConfig{}, fmt.Errorf("unknown preset %q (4gpu, 7gpu, seqs8, waves or fleet)", name)
+	return SimConfig{}, fmt.Errorf("unknown preset %q (4gpu, 7gpu, seqs8, waves, fleet or llmd-sim)", name)
 }
 
 // FleetSimConfig is the 7-GPU story's agents as they run: headless agents
@@ -151,3 +153,61 @@ func FleetSimConfig() SimConfig {
 // compacted into: a few thousand tokens, as Claude Code's structured
 // summaries of a long session run.
 const FleetSummaryTokens = 4000
+
+// The flags of llm-d-inference-sim's run that LLMDSimConfig reproduces
+// (docs/other-engines.md): four replicas, each with these.
+const (
+	LLMDSimKVBlocks        = 2048 // --kv-cache-size, blocks of --block-size 16
+	LLMDSimMaxNumSeqs      = 8    // --max-num-seqs
+	LLMDSimMaxModelLen     = 65536
+	LLMDSimPrefillOverhead = 20 * time.Millisecond  // --prefill-overhead
+	LLMDSimPrefillPerToken = 100 * time.Microsecond // --prefill-time-per-token
+	LLMDSimInterToken      = 4 * time.Millisecond   // --inter-token-latency
+)
+
+// LLMDSimEngineConfig is one replica of llm-d-inference-sim as the recipe
+// of docs/other-engines.md starts it: the emulator's per-request mode
+// (emulator.PerRequestTiming), which follows the simulator's latency
+// calculator, worker pool and block cache, with its flags. Nothing is
+// fitted: every figure is a flag of that run or a constant of the
+// simulator's source (the output-length histogram of its dataset, used
+// because the bench sends max_tokens without ignore_eos).
+func LLMDSimEngineConfig() emulator.EngineConfig {
+	return emulator.EngineConfig{
+		BlockSize:           16,
+		NumGPUBlocks:        LLMDSimKVBlocks,
+		MaxNumSeqs:          LLMDSimMaxNumSeqs,
+		MaxNumBatchedTokens: 2048, // unused by the per-request mode
+		MaxModelLen:         LLMDSimMaxModelLen,
+		PerRequest: emulator.PerRequestTiming{
+			PrefillOverhead:   LLMDSimPrefillOverhead,
+			PrefillPerToken:   LLMDSimPrefillPerToken,
+			InterTokenLatency: LLMDSimInterToken,
+			OutputHistogram:   true,
+		},
+	}
+}
+
+// LLMDSimConfig is the bench's run on llm-d-inference-sim
+// (docs/other-engines.md) as a simulation: four replicas of
+// LLMDSimEngineConfig, the default workload in a closed loop, 8, 16 and 24
+// sessions in 60-second stages after 10 s of warm-up, off, on and the
+// default. The engines count tokens as the simulator's simple tokenizer
+// does (PromptsWords), and the router estimates a new conversation's
+// prompt from its bytes as the Caddy module does (4 bytes per token, its
+// bytes_per_token default), so it sees the same sizes as in that run.
+func LLMDSimConfig() SimConfig {
+	return SimConfig{
+		Workload:      DefaultWorkload(),
+		Engine:        LLMDSimEngineConfig(),
+		Replicas:      4,
+		Stages:        []int{8, 16, 24},
+		Modes:         []string{ModeOff, ModeOn, ModeDefault},
+		StageLength:   time.Minute,
+		Warmup:        10 * time.Second,
+		PollInterval:  time.Second,
+		Placement:     placement.Config{MaxNumSeqs: LLMDSimMaxNumSeqs},
+		Prompts:       PromptsWords,
+		BytesPerToken: 4,
+	}
+}

@@ -2,6 +2,9 @@ package bench
 
 import (
 	"testing"
+	"time"
+
+	"github.com/lmwarden/caddy-lmwarden/emulator"
 )
 
 // The bench's run on llm-d-inference-sim (docs/other-engines.md, seed 1,
@@ -61,4 +64,52 @@ func TestSimLLMDSimMatchesTheRecordedRun(t *testing.T) {
 	if q >= 1 || q < llmdDefaultOverOffLow-0.15 || q > llmdDefaultOverOffHigh+0.15 {
 		t.Errorf("16 sessions: the default gives %.2f× off's output, the recorded run %.2f–%.2f×", q, llmdDefaultOverOffLow, llmdDefaultOverOffHigh)
 	}
+}
+
+// TestH100Preset checks the arithmetic behind H100EngineConfig: the KV
+// capacity left at gpu_memory_utilization 0.9 after Qwen3-32B's FP8
+// weights, and the step times of the physics the other presets use, on
+// the engine itself.
+func TestH100Preset(t *testing.T) {
+	c := H100EngineConfig()
+	// 0.9 × 81,559 MiB, less 31.2e9 FP8 and 2 × 0.778e9 bf16 parameters
+	// and 4 GiB of profile, over 16 tokens × 256 KiB
+	mem, weights, other, kvTok := 0.9*81559*(1<<20), 31.2e9+4*0.778e9, float64(4<<30), float64(64*8*128*2*2)
+	if want := int((mem - weights - other) / (16 * kvTok)); c.NumGPUBlocks != want || want != 9146 {
+		t.Errorf("KV blocks %d, want %d (9,146)", c.NumGPUBlocks, want)
+	}
+	if c.KVCapacityTokens() < c.MaxModelLen {
+		t.Errorf("one %d-token sequence does not fit %d tokens of KV: vLLM would not start", c.MaxModelLen, c.KVCapacityTokens())
+	}
+	e := emulator.NewEngine(c)
+	lone := &emulator.EngineRequest{ID: "lone", Prompt: promptTokens(100, 1), MaxTokens: 101}
+	cold := &emulator.EngineRequest{ID: "cold", Prompt: promptTokens(10000, 2), MaxTokens: 1}
+	for _, r := range []*emulator.EngineRequest{lone, cold} {
+		start := e.Now()
+		if err := e.Add(r); err != nil {
+			t.Fatal(err)
+		}
+		for !r.Done {
+			e.Step()
+		}
+		r.Finished -= start
+		r.FirstToken -= start
+	}
+	rate := 100 / (lone.Finished - lone.FirstToken).Seconds()
+	t.Logf("a lone sequence decodes at %.1f tok/s; a cold 10,000-token prefill takes %v", rate, cold.FirstToken)
+	if rate < 50 || rate > 60 {
+		t.Errorf("lone decode %.1f tok/s, want about 55 (15.1 ms of weights + 3 ms a step)", rate)
+	}
+	if cold.FirstToken < 700*time.Millisecond || cold.FirstToken > 900*time.Millisecond {
+		t.Errorf("cold 10k prefill %v, want about 0.8 s", cold.FirstToken)
+	}
+}
+
+// promptTokens is n distinct token ids.
+func promptTokens(n int, salt uint32) []uint32 {
+	p := make([]uint32, n)
+	for i := range p {
+		p[i] = uint32(i)*2654435761 ^ salt
+	}
+	return p
 }

@@ -113,3 +113,48 @@ func promptTokens(n int, salt uint32) []uint32 {
 	}
 	return p
 }
+
+// TestSimChatAndEstimate: under PromptsWords a prompt is the simulator's
+// rendering in its simple tokenizer's tokens, an answer enters the
+// history after "### assistant: ", and under BytesPerToken the router is
+// told a first turn's size from its text's bytes.
+func TestSimChatAndEstimate(t *testing.T) {
+	words, err := newSimChat(PromptsWords)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := words.appendAnswer(words.appendMessage(nil, "user", "Hello, world!"), []uint32{7, 8})
+	want := append(emulator.AppendWordTokens(nil, "### user: Hello, world!\n### assistant: "), 7, 8)
+	if len(got) != len(want) {
+		t.Fatalf("%d tokens, want %d", len(got), len(want))
+	}
+	for i := range got {
+		if got[i] != want[i] {
+			t.Fatalf("token %d differs", i)
+		}
+	}
+	if _, err := newSimChat("bpe"); err == nil {
+		t.Error("unknown prompts accepted")
+	}
+	if _, err := Sim(SimConfig{Workload: DefaultWorkload(), Engine: LLMDSimEngineConfig(), Replicas: 1, Stages: []int{1},
+		Modes: []string{ModeOn}, StageLength: time.Second, Prompts: "bpe"}); err == nil {
+		t.Error("Sim ran with unknown prompts")
+	}
+
+	gen, err := NewGenerator(DefaultWorkload(), emulator.CountTokens)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sl := &simSlot{sess: gen.NextAt(0)}
+	s := &simulator{cfg: SimConfig{BytesPerToken: 4}, gen: gen}
+	bytes := len(sl.sess.System) + len(sl.sess.Messages[0])
+	if est := s.estimate(sl, 7900); est != bytes/4 {
+		t.Errorf("first turn estimated at %d tokens, want %d (%d bytes / 4)", est, bytes/4, bytes)
+	}
+	t.Logf("first turn: %d bytes, told %d tokens; the simulator counts %d", bytes, bytes/4,
+		len(words.appendMessage(words.appendMessage(nil, "system", sl.sess.System), "user", sl.sess.Messages[0])))
+	s.cfg.BytesPerToken = 0
+	if est := s.estimate(sl, 7900); est != 7900 {
+		t.Errorf("without BytesPerToken the router is told %d, want the engine's 7900", est)
+	}
+}

@@ -40,6 +40,8 @@ type EngineRequest struct {
 	computed   int // tokens whose KV is computed
 	registered int // leading blocks registered in the prefix cache
 	seed       uint64
+	target     int           // output tokens to generate (PerRequestTiming)
+	next       time.Duration // engine time of the next token (PerRequestTiming)
 	admitted   bool
 	running    bool
 	waiting    bool
@@ -235,6 +237,45 @@ func (e *Engine) Reset() {
 	e.stats = EngineStats{}
 }
 
+// emitToken generates r's next token at the engine's time and, once r has
+// want tokens, finishes it (its blocks freed, still cached); it reports
+// whether r finished.
+func (e *Engine) emitToken(r *EngineRequest, want int) bool {
+	idx := len(r.Output)
+	tok := outputToken(r.seed, idx)
+	r.tokens = append(r.tokens, tok)
+	r.Output = r.tokens[len(r.Prompt):]
+	e.stats.GenerationTokens++
+	if idx == 0 {
+		r.FirstToken = e.now
+		e.stats.PromptTokens += uint64(len(r.Prompt))
+	}
+	e.events = append(e.events, Event{Req: r, Kind: EventToken, Token: tok, Index: idx, At: e.now})
+	if len(r.Output) < want {
+		return false
+	}
+	e.release(r)
+	r.Done = true
+	r.Finished = e.now
+	e.stats.Finished++
+	e.events = append(e.events, Event{Req: r, Kind: EventFinished, Index: idx, At: e.now})
+	return true
+}
+
+// dropFinished removes the requests that left the running batch.
+func (e *Engine) dropFinished() {
+	kept := e.running[:0]
+	for _, r := range e.running {
+		if r.running {
+			kept = append(kept, r)
+		}
+	}
+	for i := len(kept); i < len(e.running); i++ {
+		e.running[i] = nil
+	}
+	e.running = kept
+}
+
 func removeReq(list []*EngineRequest, r *EngineRequest) []*EngineRequest {
 	for i, x := range list {
 		if x == r {
@@ -302,11 +343,15 @@ func (e *Engine) preempt(r *EngineRequest) {
 // are admitted first come first served while sequence slots, budget and
 // blocks allow, after a prefix cache lookup of whole blocks (at most
 // prompt length − 1 tokens, so a fully cached prompt recomputes its last
-// block).
+// block). Under PerRequestTiming a step instead moves to the next token
+// of any running request, at most a tick (see PerRequestTiming).
 func (e *Engine) Step() (time.Duration, []Event) {
 	e.events = e.events[:0]
 	if e.Idle() {
 		return 0, nil
+	}
+	if e.cfg.PerRequest.On() {
+		return e.stepPerRequest()
 	}
 	bs := e.cfg.BlockSize
 	budget := e.cfg.MaxNumBatchedTokens
@@ -428,36 +473,12 @@ func (e *Engine) Step() (time.Duration, []Event) {
 		if r.computed < len(r.tokens) {
 			continue // prefill chunk, more to come
 		}
-		idx := len(r.Output)
-		tok := outputToken(r.seed, idx)
-		r.tokens = append(r.tokens, tok)
-		r.Output = r.tokens[len(r.Prompt):]
-		e.stats.GenerationTokens++
-		if idx == 0 {
-			r.FirstToken = e.now
-			e.stats.PromptTokens += uint64(len(r.Prompt))
-		}
-		e.events = append(e.events, Event{Req: r, Kind: EventToken, Token: tok, Index: idx, At: e.now})
-		if len(r.Output) >= r.MaxTokens {
-			e.release(r)
-			r.Done = true
-			r.Finished = e.now
-			e.stats.Finished++
+		if e.emitToken(r, r.MaxTokens) {
 			finished = true
-			e.events = append(e.events, Event{Req: r, Kind: EventFinished, Index: idx, At: e.now})
 		}
 	}
 	if finished {
-		kept := e.running[:0]
-		for _, r := range e.running {
-			if r.running {
-				kept = append(kept, r)
-			}
-		}
-		for i := len(kept); i < len(e.running); i++ {
-			e.running[i] = nil
-		}
-		e.running = kept
+		e.dropFinished()
 	}
 	for i := range e.events {
 		e.events[i].At = e.now

@@ -3,6 +3,7 @@ package bench
 import (
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 )
@@ -15,6 +16,12 @@ type Regime struct {
 	// no worse than the best baseline here (MatrixRow.Holds).
 	Hold   bool
 	Config SimConfig
+	// Baselines, when set, are the modes the default is compared with
+	// instead of MatrixModes' others.
+	Baselines []string
+	// KeepLength keeps the preset's stage length and warm-up when the
+	// matrix is given others: its stages reproduce a recorded run.
+	KeepLength bool
 }
 
 // MatrixModes are the modes the matrix compares: vLLM's own balancer,
@@ -25,7 +32,8 @@ var MatrixModes = []string{ModeVLLMDP, ModeOn, ModeDefault}
 // MatrixRegimes returns every traffic shape the bench knows, with the
 // stages where they differ: the reference preset's closed loop, its agents
 // pausing 3 s and 20 s, the interactive-like workload, max_num_seqs 8, the
-// 7-GPU preset, sessions in waves and the fleet of agents that never stop.
+// 7-GPU preset, sessions in waves, the fleet of agents that never stop,
+// the run on llm-d-inference-sim (fast engines) and four H100s.
 func MatrixRegimes() []Regime {
 	closed := DefaultSimConfig()
 	closed.Stages = []int{8, 16, 24, 32}
@@ -41,6 +49,8 @@ func MatrixRegimes() []Regime {
 	seqs.Stages = []int{8, 16, 24}
 	waves := WavesSimConfig()
 	waves.Stages = []int{8, 16, 24}
+	h100Closed := H100SimConfig()
+	h100Closed.Workload.Think = 0
 	return []Regime{
 		{Name: "closed loop", Hold: true, Config: closed},
 		{Name: "think 3s", Hold: true, Config: think3},
@@ -57,6 +67,13 @@ func MatrixRegimes() []Regime {
 		// admission's and time-slicing's start cost output at 16 sessions
 		// (0.87× on's), where over 40 minutes they gain (1.25×)
 		{Name: "fleet", Hold: false, Config: FleetSimConfig()},
+		// a fast engine: no cache needs protecting, and the default's
+		// holds cost it 0.56× off's output at 16 sessions, as on
+		// llm-d-inference-sim itself (docs/other-engines.md); compared
+		// with what that run compared
+		{Name: "llmd-sim", Hold: false, Config: LLMDSimConfig(), Baselines: []string{ModeOff, ModeOn}, KeepLength: true},
+		{Name: "h100", Hold: true, Config: H100SimConfig()},
+		{Name: "h100 closed loop", Hold: true, Config: h100Closed},
 	}
 }
 
@@ -114,11 +131,15 @@ func Matrix(regimes []Regime, stageLength, warmup time.Duration) ([]MatrixRow, e
 	var rows []MatrixRow
 	for _, rg := range regimes {
 		cfg := rg.Config
-		cfg.Modes = MatrixModes
-		if stageLength > 0 {
+		base := MatrixModes[:len(MatrixModes)-1]
+		if rg.Baselines != nil {
+			base = rg.Baselines
+		}
+		cfg.Modes = append(slices.Clone(base), ModeDefault)
+		if stageLength > 0 && !rg.KeepLength {
 			cfg.StageLength = stageLength
 		}
-		if warmup > 0 {
+		if warmup > 0 && !rg.KeepLength {
 			cfg.Warmup = warmup
 		}
 		cfg.Placement.MaxNumSeqs = cfg.Engine.MaxNumSeqs
@@ -132,7 +153,7 @@ func Matrix(regimes []Regime, stageLength, warmup time.Duration) ([]MatrixRow, e
 				continue
 			}
 			row := MatrixRow{Regime: rg.Name, Hold: rg.Hold, Sessions: n, Default: def}
-			for _, m := range MatrixModes[:len(MatrixModes)-1] {
+			for _, m := range base {
 				st, ok := rep.Find(m, n)
 				if !ok {
 					continue

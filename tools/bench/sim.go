@@ -10,6 +10,7 @@ import (
 
 	"github.com/lmwarden/caddy-lmwarden/emulator"
 	"github.com/lmwarden/caddy-lmwarden/placement"
+	"github.com/lmwarden/caddy-lmwarden/tools/bench/peers"
 )
 
 // SimConfig is one simulated run: the emulator's engine model on a virtual
@@ -86,6 +87,7 @@ type simTurn struct {
 	reason  placement.Reason
 	histLen int // the slot's history before this turn's user message
 	rec     TurnRecord
+	flight  *peers.Flight // the turn in a peer policy's books
 }
 
 type simSlot struct {
@@ -96,6 +98,7 @@ type simSlot struct {
 	hist    []uint32 // prompt tokens of the turns so far, answers included
 	cur     *simTurn
 	start   uint64 // fingerprint of the conversation's current start
+	first   string // the conversation's current first user message
 	// compacted: the session already replaced its history by a summary
 	compacted bool
 	// renew: its session ended; at sendAt the next one starts (waves)
@@ -128,6 +131,7 @@ type simulator struct {
 	engines []*simEngine
 	byID    map[string]int
 	router  *placement.Router
+	peer    peers.Policy // the peer router of a peer mode
 	rng     *rand.Rand
 	robin   uint32
 	dp      *emulator.DPBalancer
@@ -263,7 +267,7 @@ func validMode(m string) bool {
 			return true
 		}
 	}
-	return false
+	return peers.Is(m)
 }
 
 func (s *simulator) stage(mode string, n int) (Stage, error) {
@@ -273,6 +277,14 @@ func (s *simulator) stage(mode string, n int) (Stage, error) {
 		c.AffinityOff = mode == ModeOff
 		c.AdmissionOff = !Admits(mode)
 		s.router.Reconfigure(c)
+	}
+	if peers.Is(mode) && s.peer == nil {
+		p, err := peers.New(mode, s.peerConfig())
+		if err != nil {
+			return Stage{}, err
+		}
+		s.peer = p
+		s.pollPeer()
 	}
 	first := len(s.turns)
 	start := s.now
@@ -377,6 +389,9 @@ func (s *simulator) stage(mode string, n int) (Stage, error) {
 		// are new, and the router is told so (as by X-Session-End), so
 		// these do not count as active conversations there.
 		s.router.End(sl.sess.ID, simEpoch.Add(s.now))
+		if s.peer != nil {
+			s.peer.EndSession(sl.sess.ID, simEpoch.Add(s.now))
+		}
 	}
 	s.detailEnd()
 	st := Measure(s.turns[first:], s.polls, w)
@@ -448,6 +463,9 @@ func (s *simulator) finishStep(i int) {
 		case emulator.EventToken:
 			if ev.Index == 0 {
 				t.rec.FirstToken = s.now
+				if t.flight != nil {
+					s.peer.FirstToken(t.flight, simEpoch.Add(s.now))
+				}
 				s.detailTurn(t)
 			}
 		case emulator.EventFinished:
@@ -509,6 +527,7 @@ func (s *simulator) newSession(sl *simSlot, start int) {
 	msgs := sl.sess.History(sl.sess.Turn())
 	sl.compacted = sl.sess.Compacted(sl.sess.Turn())
 	sl.start = xxhash.Sum64String(msgs[0].Text)
+	sl.first = msgs[0].Text
 	for _, m := range msgs[:len(msgs)-1] {
 		if m.Role == "user" {
 			sl.hist = emulator.AppendTokens(sl.hist, emulator.RenderMessage("user", m.Text))
@@ -530,12 +549,21 @@ func (s *simulator) send(sl *simSlot) {
 		// becomes the first user message, the remaining turns follow it.
 		sl.compacted = true
 		sum := s.gen.Summary(sess)
-		sl.start = xxhash.Sum64String(sum)
+		sl.start, sl.first = xxhash.Sum64String(sum), sum
 		sl.hist = emulator.AppendTokens(append(sl.hist[:0], s.sysTok...), emulator.RenderMessage("user", sum))
 	}
 	histLen := len(sl.hist)
 	sl.hist = emulator.AppendTokens(sl.hist, emulator.RenderMessage("user", sess.Messages[turn]))
 	prompt := append(append(make([]uint32, 0, len(sl.hist)+len(s.genTok)), sl.hist...), s.genTok...)
+	if s.peer != nil {
+		f := s.peer.Pick(peers.Request{Key: sess.ID, Tokens: prompt, FirstUser: sl.first, Now: simEpoch.Add(s.now)})
+		release := func(at time.Time) { s.peer.Done(f, at) }
+		s.dispatch(sl, prompt, histLen, s.now, f.Replica, 0, release)
+		if sl.cur != nil {
+			sl.cur.flight = f
+		}
+		return
+	}
 	rep, reason, release, tk := s.route(sess.ID, sl.start, len(prompt))
 	if tk != nil {
 		sl.waiting = &simWait{ticket: tk, sent: s.now, histLen: histLen, prompt: prompt}
@@ -683,4 +711,39 @@ func (s *simulator) poll() {
 			KVTokens: s.cfg.Engine.NumGPUBlocks * s.cfg.Engine.BlockSize})
 	}
 	s.polls = append(s.polls, p)
+	s.pollPeer()
+}
+
+// pollPeer gives a peer policy the replicas' polled queue and KV usage.
+func (s *simulator) pollPeer() {
+	if s.peer == nil {
+		return
+	}
+	loads := make([]peers.Load, len(s.engines))
+	for i, e := range s.engines {
+		loads[i] = peers.Load{Waiting: e.e.Waiting(), Running: e.e.Running(), KVUsage: e.e.KVUsage()}
+	}
+	s.peer.Poll(loads, simEpoch.Add(s.now))
+}
+
+// peerConfig sizes a peer policy to the simulated replicas.
+func (s *simulator) peerConfig() peers.Config {
+	names := make([]string, len(s.engines))
+	for i, e := range s.engines {
+		names[i] = e.id
+	}
+	return peers.Config{Replicas: names, BlockSize: s.cfg.Engine.BlockSize, NumGPUBlocks: s.cfg.Engine.NumGPUBlocks,
+		PrefillTokensPerSecond: PrefillRate(s.cfg.Engine), Seed: s.cfg.Workload.Seed}
+}
+
+// PrefillRate is a replica's prefill throughput on one unloaded chunk of
+// max_num_batched_tokens, the engine model's answer to how llm-d's
+// peakPrefillThroughput is calibrated (tokens/s).
+func PrefillRate(c emulator.EngineConfig) float64 {
+	n := c.MaxNumBatchedTokens
+	d := c.Timing.StepTime(n, float64(n)*float64(n+1)/2, 0)
+	if d <= 0 {
+		return 0
+	}
+	return float64(n) / d.Seconds()
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/lmwarden/caddy-lmwarden/placement"
 	"github.com/lmwarden/caddy-lmwarden/tools/bench"
 	"github.com/lmwarden/caddy-lmwarden/tools/bench/demo"
+	"github.com/lmwarden/caddy-lmwarden/tools/bench/peers"
 )
 
 func main() {
@@ -295,7 +296,8 @@ func runSim(args []string) error {
 	fs.BoolVar(&cfg.DPRotate, "dp-rotate", false, "vllm-dp: rotate the balancer's tie-break after every pick (vLLM from PR 47420 on) instead of ties to the lowest engine")
 	fs.DurationVar(&cfg.RestartAt, "restart-at", 0, "restart one replica (cache and counters cleared) this long after every stage's start, engine time (0: never)")
 	fs.IntVar(&cfg.RestartReplica, "restart-replica", 0, "the replica --restart-at restarts")
-	matrix := fs.Bool("matrix", false, "run every traffic shape the bench knows (closed loop, --think 3s and 20s, --interactive, seqs8, 7gpu, waves, fleet) for vllm-dp, on and default, and print one scorecard of the default against the best of the others; --stage-length and --warmup apply to all")
+	matrix := fs.Bool("matrix", false, "run every traffic shape the bench knows (closed loop, --think 3s and 20s, --interactive, seqs8, 7gpu, waves, fleet) for vllm-dp, every peer router's policy and default, over --seeds, and print the scorecard of the default against the others; --stage-length and --warmup apply to all")
+	seeds := fs.String("seeds", "1,2,3", "--matrix: workload seeds, comma-separated; every figure is their mean, with their range")
 	detail := fs.Bool("detail", false, "print per stage where turns spend their time (queue, prefill, preemptions) and each replica's load")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -311,7 +313,19 @@ func runSim(args []string) error {
 		if set["warmup"] {
 			warm = c.warmup
 		}
-		rows, err := bench.Matrix(bench.MatrixRegimes(), length, warm)
+		var ss []uint64
+		for _, f := range strings.Split(*seeds, ",") {
+			v, err := strconv.ParseUint(strings.TrimSpace(f), 10, 64)
+			if err != nil {
+				return fmt.Errorf("bad --seeds entry %q", f)
+			}
+			ss = append(ss, v)
+		}
+		start := time.Now()
+		rows, err := bench.Matrix(bench.MatrixRegimes(), bench.MatrixOptions{StageLength: length, Warmup: warm, Seeds: ss,
+			Progress: func(rg string, seed uint64) {
+				fmt.Fprintf(os.Stderr, "matrix %-12s seed %d  (%.0fs)\n", rg, seed, time.Since(start).Seconds())
+			}})
 		if err != nil {
 			return err
 		}
@@ -383,15 +397,48 @@ func runHTTP(ctx context.Context, args []string) error {
 			cl.BaseURL = cl.Targets[0]
 		}
 	}
-	if cl.BaseURL == "" {
-		return errors.New("--url or --targets is required")
-	}
 	stages, modes, err := c.parse()
 	if err == nil {
 		modes, err = c.httpModes(modes, false)
 	}
 	if err != nil {
 		return err
+	}
+	npeer := 0
+	for _, m := range modes {
+		if peers.Is(m) {
+			npeer++
+		}
+	}
+	var peer *bench.PeerProxy
+	if npeer > 0 {
+		// The peer routers' policies run in the bench's own reverse proxy
+		// in front of the replicas (--metrics gives their URLs), which the
+		// run drives instead of --url.
+		if npeer != len(modes) {
+			return errors.New("peer modes run in a run of their own (the bench's proxy serves them, not --url's router)")
+		}
+		if *metrics == "" {
+			return errors.New("peer modes need --metrics: the replicas the bench's proxy routes to")
+		}
+		peer = &bench.PeerProxy{Clock: bench.SpeedClock(*speed), PollInterval: time.Duration(float64(time.Second) / *speed),
+			Config: peers.Config{Seed: c.w.Seed}}
+		for _, u := range strings.Split(*metrics, ",") {
+			peer.Replicas = append(peer.Replicas, strings.TrimSuffix(strings.TrimSpace(u), "/metrics"))
+		}
+		if cl.SessionHeader != "" {
+			peer.SessionHeaders = []string{"X-Claude-Code-Session-Id", cl.SessionHeader}
+		}
+		peer.CacheGeometry(ctx)
+		if err := peer.Start("127.0.0.1:0"); err != nil {
+			return err
+		}
+		defer peer.Close()
+		cl.BaseURL, cl.Targets = peer.URL(), nil
+		fmt.Fprintf(os.Stderr, "peer routers' policies: the bench's proxy on %s in front of %s\n", peer.URL(), strings.Join(peer.Replicas, " "))
+	}
+	if cl.BaseURL == "" {
+		return errors.New("--url or --targets is required")
 	}
 	cl.API = bench.API(*api)
 	hc := bench.HTTPConfig{
@@ -405,10 +452,13 @@ func runHTTP(ctx context.Context, args []string) error {
 	if *metrics != "" {
 		hc.Metrics = strings.Split(*metrics, ",")
 	}
-	if sw.Admin != "" {
+	switch {
+	case peer != nil:
+		hc.SetMode, hc.EndSession = peer.SetMode, peer.EndSession
+	case sw.Admin != "":
 		sw.Model = c.w.Model
 		hc.SetMode = sw.SetMode
-	} else {
+	default:
 		// Nothing to switch: one labelled mode, the router is whatever
 		// serves --url.
 		hc.Modes = []string{*label}

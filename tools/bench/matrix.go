@@ -98,15 +98,16 @@ type metric struct {
 	name   string
 	get    func(Figures) Spread
 	higher bool
+	prec   int // decimals printed
 }
 
 var scorecardMetrics = []metric{
-	{"output", func(f Figures) Spread { return f.Output }, true},
-	{"prefix hits", func(f Figures) Spread { return f.Hits }, true},
-	{"TTFB later p50", func(f Figures) Spread { return f.LaterP50 }, false},
-	{"TTFB later p95", func(f Figures) Spread { return f.LaterP95 }, false},
-	{"first-turn TTFB p95", func(f Figures) Spread { return f.FirstP95 }, false},
-	{"completion p50", func(f Figures) Spread { return f.CompletionP50 }, false},
+	{"output tok/min", func(f Figures) Spread { return f.Output }, true, 0},
+	{"prefix hits %", func(f Figures) Spread { return f.Hits }, true, 1},
+	{"TTFB later p50 (s)", func(f Figures) Spread { return f.LaterP50 }, false, 2},
+	{"TTFB later p95 (s)", func(f Figures) Spread { return f.LaterP95 }, false, 2},
+	{"first-turn TTFB p95 (s)", func(f Figures) Spread { return f.FirstP95 }, false, 1},
+	{"completion p50 (s)", func(f Figures) Spread { return f.CompletionP50 }, false, 1},
 }
 
 // MatrixRow is one regime's stage: every mode's figures, in MatrixModes
@@ -151,6 +152,7 @@ type Loss struct {
 	Metric        string
 	Default, Best Spread
 	BestMode      string
+	prec          int
 }
 
 // Losses returns the cells the default loses beyond the seeds' spread.
@@ -172,7 +174,7 @@ func (m MatrixRow) Losses() []Loss {
 		}
 		lost := (x.higher && d.Hi < o.Lo) || (!x.higher && d.Lo > o.Hi)
 		if lost {
-			out = append(out, Loss{Metric: x.name, Default: d, Best: o, BestMode: b.Mode})
+			out = append(out, Loss{Metric: x.name, Default: d, Best: o, BestMode: b.Mode, prec: x.prec})
 		}
 	}
 	return out
@@ -307,7 +309,7 @@ func WriteScorecard(w io.Writer, rows []MatrixRow) error {
 	for _, r := range rows {
 		for _, l := range r.Losses() {
 			fmt.Fprintf(&losses, "- %s, %d sessions: %s, default %s against %s's %s\n", r.Regime, r.Sessions, l.Metric,
-				fspread(l.Default), l.BestMode, fspread(l.Best))
+				fspreadP(l.Default, l.prec), l.BestMode, fspreadP(l.Best, l.prec))
 		}
 	}
 	b.WriteString("\nCells where the default is worse than the best other mode beyond the seeds' spread (the seeds' ranges do not overlap):\n\n")
@@ -340,6 +342,13 @@ func (m MatrixRow) mode(name string) Figures {
 
 func fmean(s Spread) string { return fmt.Sprintf("%.0f", s.Mean) }
 func fpct(s Spread) string  { return fmt.Sprintf("%.1f", s.Mean) }
+
+func fspreadP(s Spread, prec int) string {
+	if s.Lo == s.Hi {
+		return fmt.Sprintf("%.*f", prec, s.Mean)
+	}
+	return fmt.Sprintf("%.*f (%.*f–%.*f)", prec, s.Mean, prec, s.Lo, prec, s.Hi)
+}
 
 func fspread(s Spread) string {
 	if s.Lo == s.Hi {

@@ -44,6 +44,7 @@ type PeerProxy struct {
 	Clock func() time.Time
 
 	mu     sync.Mutex
+	tick   chan struct{} // closed at every poll, for requests a policy holds
 	policy peers.Policy
 	mode   string
 	proxy  []*httputil.ReverseProxy
@@ -91,6 +92,7 @@ func (p *PeerProxy) Start(addr string) error {
 		p.SessionHeaders = []string{"X-Claude-Code-Session-Id", "x-session-affinity"}
 	}
 	p.Config.Replicas = p.Replicas
+	p.tick = make(chan struct{})
 	for _, r := range p.Replicas {
 		u, err := url.Parse(r)
 		if err != nil || u.Host == "" {
@@ -181,15 +183,31 @@ func (p *PeerProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method == http.MethodPost {
 		req.Tokens, req.FirstUser = RenderRequest(body)
 	}
-	p.mu.Lock()
-	pol := p.policy
-	if pol == nil {
+	var f *peers.Flight
+	var pol peers.Policy
+	for {
+		p.mu.Lock()
+		pol = p.policy
+		if pol == nil {
+			p.mu.Unlock()
+			http.Error(w, "peer proxy: no mode set", http.StatusServiceUnavailable)
+			return
+		}
+		req.Now = p.Clock()
+		f = pol.Pick(req)
+		tick := p.tick
 		p.mu.Unlock()
-		http.Error(w, "peer proxy: no mode set", http.StatusServiceUnavailable)
-		return
+		if f != nil {
+			break
+		}
+		// held at the router (a paused program): ask again after the
+		// next poll, or give up with the client
+		select {
+		case <-tick:
+		case <-r.Context().Done():
+			return
+		}
 	}
-	f := pol.Pick(req)
-	p.mu.Unlock()
 	fw := &firstWrite{ResponseWriter: w, first: func() {
 		p.mu.Lock()
 		pol.FirstToken(f, p.Clock())
@@ -250,6 +268,8 @@ func (p *PeerProxy) pollLoop(ctx context.Context) {
 		if p.policy != nil {
 			p.policy.Poll(loads, p.Clock())
 		}
+		close(p.tick)
+		p.tick = make(chan struct{})
 		p.mu.Unlock()
 		select {
 		case <-ctx.Done():

@@ -94,11 +94,13 @@ type simSlot struct {
 	sendAt time.Duration // when the next turn is due (think time); -1 when none
 	// waiting: its turn is queued for admission (the admit mode)
 	waiting *simWait
-	sess    *Session
-	hist    []uint32 // prompt tokens of the turns so far, answers included
-	cur     *simTurn
-	start   uint64 // fingerprint of the conversation's current start
-	first   string // the conversation's current first user message
+	// held: its turn is held by a peer policy (a paused program)
+	held  *simWait
+	sess  *Session
+	hist  []uint32 // prompt tokens of the turns so far, answers included
+	cur   *simTurn
+	start uint64 // fingerprint of the conversation's current start
+	first string // the conversation's current first user message
 	// compacted: the session already replaced its history by a summary
 	compacted bool
 	// renew: its session ended; at sendAt the next one starts (waves)
@@ -354,6 +356,9 @@ func (s *simulator) stage(mode string, n int) (Stage, error) {
 				s.router.AdmitWaiting(simEpoch.Add(s.now))
 				s.admitted(slots)
 			}
+			if s.peer != nil {
+				s.retryHeld(slots)
+			}
 			s.detailPoll()
 			nextPoll += s.cfg.PollInterval
 			continue
@@ -380,6 +385,7 @@ func (s *simulator) stage(mode string, n int) (Stage, error) {
 			}
 			sl.waiting = nil
 		}
+		sl.held = nil // the client leaves the peer router's queue
 		if t := sl.cur; t != nil {
 			s.engines[t.rep].e.Abort(t.req)
 			s.done(t)
@@ -418,7 +424,7 @@ func PolicyOf(mode string) string {
 // while a turn waited at the router for admission.
 func (s *simulator) advanceTo(t time.Duration, slots []*simSlot) {
 	from, to := max(s.now, s.win.From), min(t, s.win.To)
-	if to > from && slices.ContainsFunc(slots, func(sl *simSlot) bool { return sl.waiting != nil }) {
+	if to > from && slices.ContainsFunc(slots, func(sl *simSlot) bool { return sl.waiting != nil || sl.held != nil }) {
 		for _, e := range s.engines {
 			if !e.stepping && e.e.Running() == 0 && e.e.Waiting() == 0 {
 				s.idleHeld += to - from
@@ -556,12 +562,7 @@ func (s *simulator) send(sl *simSlot) {
 	sl.hist = emulator.AppendTokens(sl.hist, emulator.RenderMessage("user", sess.Messages[turn]))
 	prompt := append(append(make([]uint32, 0, len(sl.hist)+len(s.genTok)), sl.hist...), s.genTok...)
 	if s.peer != nil {
-		f := s.peer.Pick(peers.Request{Key: sess.ID, Tokens: prompt, FirstUser: sl.first, Now: simEpoch.Add(s.now)})
-		release := func(at time.Time) { s.peer.Done(f, at) }
-		s.dispatch(sl, prompt, histLen, s.now, f.Replica, 0, release)
-		if sl.cur != nil {
-			sl.cur.flight = f
-		}
+		s.sendPeer(sl, &simWait{sent: s.now, histLen: histLen, prompt: prompt})
 		return
 	}
 	rep, reason, release, tk := s.route(sess.ID, sl.start, len(prompt))
@@ -570,6 +571,32 @@ func (s *simulator) send(sl *simSlot) {
 		return
 	}
 	s.dispatch(sl, prompt, histLen, s.now, rep, reason, release)
+}
+
+// sendPeer routes the turn with the peer policy, or holds it there when
+// the policy does (a paused program).
+func (s *simulator) sendPeer(sl *simSlot, wt *simWait) {
+	f := s.peer.Pick(peers.Request{Key: sl.sess.ID, Tokens: wt.prompt, FirstUser: sl.first, Now: simEpoch.Add(s.now)})
+	if f == nil {
+		sl.held = wt
+		return
+	}
+	sl.held = nil
+	release := func(at time.Time) { s.peer.Done(f, at) }
+	s.dispatch(sl, wt.prompt, wt.histLen, wt.sent, f.Replica, 0, release)
+	if sl.cur != nil {
+		sl.cur.flight = f
+	}
+}
+
+// retryHeld asks the peer policy again for the turns it holds, in slot
+// order.
+func (s *simulator) retryHeld(slots []*simSlot) {
+	for _, sl := range slots {
+		if sl.held != nil {
+			s.sendPeer(sl, sl.held)
+		}
+	}
 }
 
 // admitted sends the turns the router admitted since the last event, in

@@ -371,10 +371,12 @@ func (p *demoProxy) Caddyfile(mode string) string {
 		fmt.Fprintf(&b, "\treverse_proxy %s {\n", strings.Join(ups, " "))
 	case bench.ModeHeader:
 		fmt.Fprintf(&b, "\treverse_proxy %s {\n\t\tlb_policy header X-Claude-Code-Session-Id\n", strings.Join(ups, " "))
-	case peers.ModeSticky, peers.ModeSMG, peers.ModeLLMD, peers.ModeDynamo, peers.ModeKubeAI, peers.ModeProdStack:
-		// the peer proxy picks the replica with the mode's policy
-		fmt.Fprintf(&b, "\treverse_proxy %s {\n", p.peer)
 	default:
+		if peers.Is(mode) {
+			// the peer proxy picks the replica with the mode's policy
+			fmt.Fprintf(&b, "\treverse_proxy %s {\n", p.peer)
+			break
+		}
 		fmt.Fprintf(&b, "\treverse_proxy %s {\n\t\tlb_policy %s\n", strings.Join(ups, " "), mode)
 	}
 	if p.health {

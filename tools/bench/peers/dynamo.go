@@ -120,6 +120,20 @@ func (p *Dynamo) Pick(r Request) *Flight {
 			}
 		}
 	}
+	return p.commit(r, hashes, best)
+}
+
+// pin routes r to worker w, with the router's bookkeeping (a program
+// pinned by a scheduler above the router).
+func (p *Dynamo) pin(r Request, w int) *Flight {
+	p.gc(r.Now)
+	r.Key = ""
+	return p.commit(r, chainHashes(r.Tokens, p.bs, 0), w)
+}
+
+// commit counts r on worker best: its predicted blocks, its prefill and
+// decode load, its session binding.
+func (p *Dynamo) commit(r Request, hashes []uint64, best int) *Flight {
 	uncached := len(hashes) - p.overlap(best, hashes, r.Now)
 	exp := r.Now.Add(DynamoBlockTTL)
 	for _, h := range hashes {

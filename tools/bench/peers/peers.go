@@ -63,7 +63,9 @@ type Flight struct {
 type Policy interface {
 	// Name is the bench mode's name.
 	Name() string
-	// Pick chooses the replica for r and counts it in flight there.
+	// Pick chooses the replica for r and counts it in flight there. A
+	// policy that holds requests at the router (ThunderAgent's paused
+	// programs) returns nil: the caller asks again after the next Poll.
 	Pick(r Request) *Flight
 	// FirstToken tells that f's first token arrived (its prefill is done).
 	FirstToken(f *Flight, now time.Time)
@@ -91,7 +93,7 @@ type Config struct {
 }
 
 // Names are the peer modes, in the order the bench runs them.
-var Names = []string{ModeSticky, ModeSMG, ModeLLMD, ModeDynamo, ModeKubeAI, ModeProdStack}
+var Names = []string{ModeSticky, ModeSMG, ModeLLMD, ModeDynamo, ModeThunder, ModeKubeAI, ModeProdStack}
 
 // The peer modes.
 const (
@@ -99,6 +101,7 @@ const (
 	ModeSMG       = "smg"              // SGLang model gateway cache_aware
 	ModeLLMD      = "llm-d"            // llm-d EPP, default profile plus the agent plugins
 	ModeDynamo    = "dynamo"           // NVIDIA Dynamo KV router, approximate mode
+	ModeThunder   = "thunderagent"     // Dynamo's ThunderAgent program scheduler over its KV router
 	ModeKubeAI    = "kubeai"           // KubeAI PrefixHash (CHWBL)
 	ModeProdStack = "production-stack" // vLLM production-stack session router
 )
@@ -130,6 +133,11 @@ func New(mode string, c Config) (Policy, error) {
 		return NewLLMD(c), nil
 	case ModeDynamo:
 		return NewDynamo(c), nil
+	case ModeThunder:
+		if c.NumGPUBlocks <= 0 {
+			return nil, fmt.Errorf("peers: %s needs the replicas' KV pool (NumGPUBlocks)", mode)
+		}
+		return NewThunder(c), nil
 	case ModeKubeAI:
 		return NewCHWBL(c), nil
 	case ModeProdStack:

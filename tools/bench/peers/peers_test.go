@@ -347,3 +347,81 @@ func TestSessionRingStableAndLoadBlind(t *testing.T) {
 		t.Errorf("keyless request went to %d with %d recent requests", got, len(q.recent[got])-1)
 	}
 }
+
+// ThunderAgent: at a tick, a worker whose programs' working set reaches
+// 0.95 of its KV pool pauses its smallest programs between turns until it
+// is down to 0.80; a paused program's turn is held; it resumes once the
+// worker is 0.10 below the threshold and it fits again. A program in the
+// middle of a turn is only marked, and paused at its tool boundary.
+func TestThunderPausesAndResumes(t *testing.T) {
+	c := Config{Replicas: []string{"r0"}, BlockSize: 16, NumGPUBlocks: 100, Seed: 1} // 1,600 tokens
+	p := NewThunder(c)
+	now := t0
+	for _, pr := range []struct {
+		key string
+		n   int
+	}{{"a", 608}, {"b", 512}, {"c", 432}} { // 1,552 tokens: 0.97
+		f := p.Pick(Request{Key: pr.key, Tokens: prompt(uint64(pr.n), 0, pr.n), Now: now})
+		if f == nil {
+			t.Fatalf("%s held on an idle pool", pr.key)
+		}
+		p.Done(f, now)
+	}
+	if u := p.Utilisation()[0]; u < ThunderPauseThreshold {
+		t.Fatalf("setup: utilisation %.2f", u)
+	}
+	now = now.Add(ThunderTick)
+	p.Poll(nil, now)
+	if !p.IsPaused("c") || p.IsPaused("a") || p.IsPaused("b") {
+		t.Fatalf("after the tick: paused a %v b %v c %v, want c only (the smallest, 0.97 → 0.70)", p.IsPaused("a"), p.IsPaused("b"), p.IsPaused("c"))
+	}
+	if u := p.Utilisation()[0]; u > ThunderPauseTarget {
+		t.Errorf("utilisation %.2f after pausing, want ≤ %.2f", u, ThunderPauseTarget)
+	}
+	if f := p.Pick(Request{Key: "c", Tokens: prompt(432, 0, 500), Now: now}); f != nil {
+		t.Fatal("a paused program's turn was routed")
+	}
+	// 0.70 is ≤ 0.85, but c does not fit under 0.95 (0.70 + 0.27): it
+	// stays paused; once a ends (0.32) it resumes at the next tick
+	now = now.Add(ThunderTick)
+	p.Poll(nil, now)
+	if !p.IsPaused("c") {
+		t.Fatal("c resumed into a worker it does not fit")
+	}
+	p.EndSession("a", now)
+	now = now.Add(ThunderTick)
+	p.Poll(nil, now)
+	if p.IsPaused("c") {
+		t.Fatalf("c still paused at utilisation %.2f", p.Utilisation()[0])
+	}
+	fc := p.Pick(Request{Key: "c", Tokens: prompt(432, 0, 500), Now: now})
+	if fc == nil {
+		t.Fatal("a resumed program's turn was held")
+	}
+	// b and c mid-turn, d arrives and fills the pool: nobody is between
+	// turns, so the smallest in flight is marked and paused when its turn
+	// ends
+	fb := p.Pick(Request{Key: "b", Tokens: prompt(512, 0, 600), Now: now})
+	fd := p.Pick(Request{Key: "d", Tokens: prompt(7, 0, 560), Now: now})
+	if fb == nil || fd == nil {
+		t.Fatal("held a program that is not paused")
+	}
+	now = now.Add(ThunderTick)
+	p.Poll(nil, now)
+	if p.IsPaused("c") || p.IsPaused("b") || p.IsPaused("d") {
+		t.Fatal("paused a program in the middle of a turn")
+	}
+	for _, f := range []*Flight{fb, fd} {
+		p.Done(f, now)
+	}
+	if p.IsPaused("b") || p.IsPaused("d") || p.IsPaused("c") {
+		t.Fatal("paused a program that was not marked, or before its tool boundary")
+	}
+	p.Done(fc, now) // c, the smallest in flight at the tick (500 tokens), reaches its boundary
+	if !p.IsPaused("c") {
+		t.Fatalf("c not paused at its tool boundary (utilisation %.2f)", p.Utilisation()[0])
+	}
+	if p.Paused < 2 || p.Resumed != 1 {
+		t.Errorf("paused %d times, resumed %d, want ≥ 2 and 1", p.Paused, p.Resumed)
+	}
+}

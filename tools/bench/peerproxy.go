@@ -45,6 +45,7 @@ type PeerProxy struct {
 
 	mu     sync.Mutex
 	tick   chan struct{} // closed at every poll, for requests a policy holds
+	onHold func()        // called when a request is held (tests)
 	policy peers.Policy
 	mode   string
 	proxy  []*httputil.ReverseProxy
@@ -200,6 +201,9 @@ func (p *PeerProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if f != nil {
 			break
 		}
+		if p.onHold != nil {
+			p.onHold()
+		}
 		// held at the router (a paused program): ask again after the
 		// next poll, or give up with the client
 		select {
@@ -250,6 +254,19 @@ func (p *PeerProxy) pollLoop(ctx context.Context) {
 	tick := time.NewTicker(p.PollInterval)
 	defer tick.Stop()
 	for {
+		p.PollNow(ctx, hc)
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// PollNow reads the replicas' /metrics once, gives the policy their load
+// and wakes the requests it holds to ask again.
+func (p *PeerProxy) PollNow(ctx context.Context, hc *http.Client) {
+	{
 		loads := make([]peers.Load, len(p.Replicas))
 		for i, u := range p.Replicas {
 			ms, err := fetchMetrics(ctx, hc, strings.TrimSuffix(u, "/")+"/metrics")
@@ -271,11 +288,6 @@ func (p *PeerProxy) pollLoop(ctx context.Context) {
 		close(p.tick)
 		p.tick = make(chan struct{})
 		p.mu.Unlock()
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
 	}
 }
 

@@ -86,8 +86,9 @@ type Figures struct {
 	// Output is tok/min; Hits the prefix hit %; LaterP50 and LaterP95 the
 	// TTFB of sessions' later turns; FirstP95 the TTFB of their first
 	// turns (router wait included); CompletionP50 the sessions'
-	// completion time (s).
-	Output, Hits, LaterP50, LaterP95, FirstP95, CompletionP50 Spread
+	// completion time (s), over the seeds that measured it (a session
+	// completed in the window); Completed the sessions that did.
+	Output, Hits, LaterP50, LaterP95, FirstP95, CompletionP50, Completed Spread
 	// Requests is the fewest requests a seed's stage served.
 	Requests int
 }
@@ -254,7 +255,13 @@ func Matrix(regimes []Regime, o MatrixOptions) ([]MatrixRow, error) {
 			row := MatrixRow{Regime: rg.Name, Hold: rg.Hold, Sessions: n}
 			for _, m := range modes {
 				f := Figures{Mode: m, Requests: -1}
-				var out, hits, lp50, lp95, fp95, cp50 []float64
+				var out, hits, lp50, lp95, fp95, cp50, done []float64
+				pos := func(xs []float64, x float64) []float64 {
+					if x > 0 {
+						return append(xs, x)
+					}
+					return xs
+				}
 				for _, rep := range reps {
 					st, ok := rep.Find(m, n)
 					if !ok {
@@ -262,16 +269,17 @@ func Matrix(regimes []Regime, o MatrixOptions) ([]MatrixRow, error) {
 					}
 					out = append(out, st.OutputTokensPerMin)
 					hits = append(hits, st.PrefixHitPct)
-					lp50 = append(lp50, st.TTFBLaterP50S)
-					lp95 = append(lp95, st.TTFBLaterP95S)
-					fp95 = append(fp95, st.TTFBFirstP95S)
-					cp50 = append(cp50, st.CompletionP50S)
+					lp50 = pos(lp50, st.TTFBLaterP50S)
+					lp95 = pos(lp95, st.TTFBLaterP95S)
+					fp95 = pos(fp95, st.TTFBFirstP95S)
+					cp50 = pos(cp50, st.CompletionP50S)
+					done = append(done, float64(st.CompletedCounts))
 					if f.Requests < 0 || st.Requests < f.Requests {
 						f.Requests = st.Requests
 					}
 				}
 				f.Output, f.Hits, f.LaterP50, f.LaterP95 = spreadOf(out), spreadOf(hits), spreadOf(lp50), spreadOf(lp95)
-				f.FirstP95, f.CompletionP50 = spreadOf(fp95), spreadOf(cp50)
+				f.FirstP95, f.CompletionP50, f.Completed = spreadOf(fp95), spreadOf(cp50), spreadOf(done)
 				row.Modes = append(row.Modes, f)
 			}
 			rows = append(rows, row)
@@ -319,12 +327,12 @@ func WriteScorecard(w io.Writer, rows []MatrixRow) error {
 		b.WriteString(losses.String())
 	}
 	b.WriteString("\nEvery mode, mean over the seeds (lowest–highest for output and hits):\n\n")
-	b.WriteString("| Shape | Sessions | Mode | Output tok/min | Prefix hits % | TTFB later p50 / p95 (s) | First-turn TTFB p95 (s) | Completion p50 (s) | Requests (fewest) |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| Shape | Sessions | Mode | Output tok/min | Prefix hits % | TTFB later p50 / p95 (s) | First-turn TTFB p95 (s) | Completion p50 (s) | Sessions completed | Requests (fewest) |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
 		for _, f := range r.Modes {
-			fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s / %s | %s | %s | %d |\n", r.Regime, r.Sessions, f.Mode,
-				fspreadInt(f.Output), fspread(f.Hits), fsecs(f.LaterP50), fsecs(f.LaterP95), fsecs(f.FirstP95), fsecs(f.CompletionP50), f.Requests)
+			fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s / %s | %s | %s | %.1f | %d |\n", r.Regime, r.Sessions, f.Mode,
+				fspreadInt(f.Output), fspread(f.Hits), fsecs(f.LaterP50), fsecs(f.LaterP95), fsecs(f.FirstP95), fsecs(f.CompletionP50), f.Completed.Mean, f.Requests)
 		}
 	}
 	_, err := io.WriteString(w, b.String())

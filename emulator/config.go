@@ -20,6 +20,10 @@ type EngineConfig struct {
 	MaxModelLen int
 	// Timing is the step-time model.
 	Timing Timing
+	// PerRequest, when On, replaces the step scheduler and Timing by
+	// llm-d-inference-sim's model: every request on its own timeline,
+	// no batch (see PerRequestTiming).
+	PerRequest PerRequestTiming
 	// ReserveFullSequence admits a waiting request only when its whole
 	// sequence (not just the first prefill chunk) fits in the free blocks
 	// (vLLM's scheduler_reserve_full_isl, on by default in current

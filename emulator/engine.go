@@ -40,6 +40,8 @@ type EngineRequest struct {
 	computed   int // tokens whose KV is computed
 	registered int // leading blocks registered in the prefix cache
 	seed       uint64
+	target     int           // output tokens to generate (PerRequestTiming)
+	next       time.Duration // engine time of the next token (PerRequestTiming)
 	admitted   bool
 	running    bool
 	waiting    bool
@@ -235,6 +237,20 @@ func (e *Engine) Reset() {
 	e.stats = EngineStats{}
 }
 
+// dropFinished removes the requests that left the running batch.
+func (e *Engine) dropFinished() {
+	kept := e.running[:0]
+	for _, r := range e.running {
+		if r.running {
+			kept = append(kept, r)
+		}
+	}
+	for i := len(kept); i < len(e.running); i++ {
+		e.running[i] = nil
+	}
+	e.running = kept
+}
+
 func removeReq(list []*EngineRequest, r *EngineRequest) []*EngineRequest {
 	for i, x := range list {
 		if x == r {
@@ -302,11 +318,15 @@ func (e *Engine) preempt(r *EngineRequest) {
 // are admitted first come first served while sequence slots, budget and
 // blocks allow, after a prefix cache lookup of whole blocks (at most
 // prompt length − 1 tokens, so a fully cached prompt recomputes its last
-// block).
+// block). Under PerRequestTiming a step instead moves to the next token
+// of any running request, at most a tick (see PerRequestTiming).
 func (e *Engine) Step() (time.Duration, []Event) {
 	e.events = e.events[:0]
 	if e.Idle() {
 		return 0, nil
+	}
+	if e.cfg.PerRequest.On() {
+		return e.stepPerRequest()
 	}
 	bs := e.cfg.BlockSize
 	budget := e.cfg.MaxNumBatchedTokens
@@ -448,16 +468,7 @@ func (e *Engine) Step() (time.Duration, []Event) {
 		}
 	}
 	if finished {
-		kept := e.running[:0]
-		for _, r := range e.running {
-			if r.running {
-				kept = append(kept, r)
-			}
-		}
-		for i := len(kept); i < len(e.running); i++ {
-			e.running[i] = nil
-		}
-		e.running = kept
+		e.dropFinished()
 	}
 	for i := range e.events {
 		e.events[i].At = e.now

@@ -4,7 +4,7 @@
 // harness against any base URL (a real vLLM, or LM Warden in front of it).
 //
 //	warden-bench demo [--full] [--compare] [flags]
-//	warden-bench sim  [--preset 4gpu|7gpu] [--compare] [flags]
+//	warden-bench sim  [--preset 4gpu|7gpu|seqs8|waves|fleet|llmd-sim|h100] [--compare] [flags]
 //	warden-bench run  --url URL --metrics URL[,URL...] [flags]
 package main
 
@@ -114,7 +114,7 @@ func addCommon(fs *flag.FlagSet, c *common, w bench.Workload, stageLength, warmu
 	fs.DurationVar(&c.w.Waves, "waves", w.Waves, "start sessions in waves this far apart, engine time: all at their first turn when a stage begins, each next one at the next wave (0: staggered, back to back)")
 }
 
-const presetHelp = "4gpu (4 × A4000, Qwen3-4B, 14k-token sessions), 7gpu (7 × RTX 5090, 27B, 58k-token sessions, 16 vs 26 sessions), seqs8 (4gpu with max_num_seqs 8), waves (4gpu with sessions starting in waves a minute apart) or fleet (7gpu with agents that run 60 turns, grow toward the 131k context and compact at Claude Code's threshold, 40-minute stages)"
+const presetHelp = "4gpu (4 × A4000, Qwen3-4B, 14k-token sessions), 7gpu (7 × RTX 5090, 27B, 58k-token sessions, 16 vs 26 sessions), seqs8 (4gpu with max_num_seqs 8), waves (4gpu with sessions starting in waves a minute apart) fleet (7gpu with agents that run 60 turns, grow toward the 131k context and compact at Claude Code's threshold, 40-minute stages), llmd-sim (4 replicas of llm-d-inference-sim as docs/other-engines.md runs it: 20 ms + 100 us per uncached token, 4 ms per output token, max_num_seqs 8, 2048 blocks) or h100 (4 × H100 80 GB, Qwen3-32B FP8, the 7gpu agents with 3 s pauses, 8/16/24 sessions)"
 
 // httpModes checks the modes of a run over HTTP: the lifecycle mode needs
 // Caddy configurations the demo writes (restart detection off for on,
@@ -296,7 +296,7 @@ func runSim(args []string) error {
 	fs.BoolVar(&cfg.DPRotate, "dp-rotate", false, "vllm-dp: rotate the balancer's tie-break after every pick (vLLM from PR 47420 on) instead of ties to the lowest engine")
 	fs.DurationVar(&cfg.RestartAt, "restart-at", 0, "restart one replica (cache and counters cleared) this long after every stage's start, engine time (0: never)")
 	fs.IntVar(&cfg.RestartReplica, "restart-replica", 0, "the replica --restart-at restarts")
-	matrix := fs.Bool("matrix", false, "run every traffic shape the bench knows (closed loop, --think 3s and 20s, --interactive, seqs8, 7gpu, waves, fleet) for vllm-dp, every peer router's policy and default, over --seeds, and print the scorecard of the default against the others; --stage-length and --warmup apply to all")
+	matrix := fs.Bool("matrix", false, "run every traffic shape the bench knows (closed loop, --think 3s and 20s, --interactive, seqs8, 7gpu, waves, fleet, h100 with 3 s pauses and closed, and llmd-sim against off and on at its own 60 s stages) for vllm-dp, every peer router's policy and default, over --seeds, and print the scorecard of the default against the others; --stage-length and --warmup apply to all but llmd-sim")
 	seeds := fs.String("seeds", "1,2,3", "--matrix: workload seeds, comma-separated; every figure is their mean, with their range")
 	detail := fs.Bool("detail", false, "print per stage where turns spend their time (queue, prefill, preemptions) and each replica's load")
 	if err := fs.Parse(args); err != nil {

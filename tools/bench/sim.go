@@ -56,6 +56,64 @@ type SimConfig struct {
 	// Detail, when set, is called after every stage with what happened
 	// inside the engines during its measured window.
 	Detail func(SimDetail)
+	// Prompts is how the engines turn a conversation into tokens:
+	// PromptsEmulator (the default) or PromptsWords.
+	Prompts string
+	// BytesPerToken, when positive, makes the router estimate a turn's
+	// prompt from the bytes of its text, as the Caddy module estimates it
+	// from the body's size (bytes_per_token), instead of being told the
+	// engine's count. The module uses the estimate only until the engine
+	// reports the conversation's first turn, so only first turns differ;
+	// it matters where the engine counts tokens unlike the bench's
+	// workload (PromptsWords).
+	BytesPerToken float64
+}
+
+// The ways of SimConfig.Prompts to turn a conversation into tokens.
+const (
+	// PromptsEmulator is the emulator's chat template and tokenizer
+	// (emulator.RenderMessage, emulator.Tokenize).
+	PromptsEmulator = ""
+	// PromptsWords is llm-d-inference-sim's rendering and simple
+	// tokenizer (emulator.WordMessage, emulator.AppendWordTokens): a
+	// word is a token, and the same text is about 0.73 of the emulator's
+	// tokens.
+	PromptsWords = "words"
+)
+
+// simChat is how the engines see a conversation: a prompt is the
+// history followed by ask; an answer enters the history as ask,
+// answerHead, its tokens and answerEnd.
+type simChat struct {
+	appendText func(dst []uint32, text string) []uint32
+	message    func(role, text string) string
+	ask        []uint32
+	answerHead []uint32
+	answerEnd  []uint32
+}
+
+func newSimChat(prompts string) (simChat, error) {
+	switch prompts {
+	case PromptsEmulator:
+		return simChat{appendText: emulator.AppendTokens, message: emulator.RenderMessage,
+			ask: emulator.Tokenize(emulator.GenerationPrompt), answerEnd: emulator.Tokenize(emulator.TurnEnd)}, nil
+	case PromptsWords:
+		// the answer is the next message, and a message's closing
+		// newline joins its last token
+		return simChat{appendText: emulator.AppendWordTokens, message: emulator.WordMessage,
+			answerHead: emulator.AppendWordTokens(nil, "### assistant: ")}, nil
+	}
+	return simChat{}, fmt.Errorf("sim: unknown prompts %q (%q or %q)", prompts, PromptsEmulator, PromptsWords)
+}
+
+// appendMessage appends one rendered message's tokens to dst.
+func (c simChat) appendMessage(dst []uint32, role, text string) []uint32 {
+	return c.appendText(dst, c.message(role, text))
+}
+
+// appendAnswer appends an answer, as tokens, to a history.
+func (c simChat) appendAnswer(dst, answer []uint32) []uint32 {
+	return append(append(append(append(dst, c.ask...), c.answerHead...), answer...), c.answerEnd...)
 }
 
 // DefaultSimConfig is the reference measurement's sweep: 4 replicas of the
@@ -105,6 +163,8 @@ type simSlot struct {
 	compacted bool
 	// renew: its session ended; at sendAt the next one starts (waves)
 	renew bool
+	// answered: the engines' output tokens in hist since its start
+	answered int
 }
 
 // simWait is a turn held at the router for admission.
@@ -127,9 +187,8 @@ type simEngine struct {
 type simulator struct {
 	cfg     SimConfig
 	gen     *Generator
+	chat    simChat
 	sysTok  []uint32
-	genTok  []uint32 // the generation prompt after the last message
-	endTok  []uint32 // the end of an answer in the history
 	engines []*simEngine
 	byID    map[string]int
 	router  *placement.Router
@@ -214,12 +273,15 @@ func simulate(cfg SimConfig) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	chat, err := newSimChat(cfg.Prompts)
+	if err != nil {
+		return nil, err
+	}
 	s := &simulator{
 		cfg:    cfg,
 		gen:    gen,
-		sysTok: emulator.Tokenize(emulator.RenderMessage("system", gen.System())),
-		genTok: emulator.Tokenize(emulator.GenerationPrompt),
-		endTok: emulator.Tokenize(emulator.TurnEnd),
+		chat:   chat,
+		sysTok: chat.appendMessage(nil, "system", gen.System()),
 		byID:   map[string]int{},
 		rng:    rand.New(rand.NewPCG(cfg.Workload.Seed, 0xca11ab1e)),
 	}
@@ -492,7 +554,8 @@ func (s *simulator) finishStep(i int) {
 			}
 			sl := t.slot
 			sl.cur = nil
-			sl.hist = append(append(append(sl.hist, s.genTok...), t.req.Output...), s.endTok...)
+			sl.hist = s.chat.appendAnswer(sl.hist, t.req.Output)
+			sl.answered += len(t.req.Output)
 			sl.sess.Answers = append(sl.sess.Answers, "")
 			if s.stopped {
 				continue
@@ -528,6 +591,7 @@ func (s *simulator) done(t *simTurn) {
 func (s *simulator) newSession(sl *simSlot, start int) {
 	sl.sess = s.gen.NextAt(start)
 	sl.hist = append(sl.hist[:0], s.sysTok...)
+	sl.answered = 0
 	// the turns before start as the session's History has them: from its
 	// summary when it started at or past its compaction (NextAt)
 	msgs := sl.sess.History(sl.sess.Turn())
@@ -536,12 +600,10 @@ func (s *simulator) newSession(sl *simSlot, start int) {
 	sl.first = msgs[0].Text
 	for _, m := range msgs[:len(msgs)-1] {
 		if m.Role == "user" {
-			sl.hist = emulator.AppendTokens(sl.hist, emulator.RenderMessage("user", m.Text))
+			sl.hist = s.chat.appendMessage(sl.hist, "user", m.Text)
 			continue
 		}
-		sl.hist = append(sl.hist, s.genTok...)
-		sl.hist = emulator.AppendTokens(sl.hist, m.Text)
-		sl.hist = append(sl.hist, s.endTok...)
+		sl.hist = s.chat.appendAnswer(sl.hist, s.chat.appendText(nil, m.Text))
 	}
 	s.send(sl)
 }
@@ -556,16 +618,17 @@ func (s *simulator) send(sl *simSlot) {
 		sl.compacted = true
 		sum := s.gen.Summary(sess)
 		sl.start, sl.first = xxhash.Sum64String(sum), sum
-		sl.hist = emulator.AppendTokens(append(sl.hist[:0], s.sysTok...), emulator.RenderMessage("user", sum))
+		sl.hist = s.chat.appendMessage(append(sl.hist[:0], s.sysTok...), "user", sum)
+		sl.answered = 0
 	}
 	histLen := len(sl.hist)
-	sl.hist = emulator.AppendTokens(sl.hist, emulator.RenderMessage("user", sess.Messages[turn]))
-	prompt := append(append(make([]uint32, 0, len(sl.hist)+len(s.genTok)), sl.hist...), s.genTok...)
+	sl.hist = s.chat.appendMessage(sl.hist, "user", sess.Messages[turn])
+	prompt := append(append(make([]uint32, 0, len(sl.hist)+len(s.chat.ask)), sl.hist...), s.chat.ask...)
 	if s.peer != nil {
 		s.sendPeer(sl, &simWait{sent: s.now, histLen: histLen, prompt: prompt})
 		return
 	}
-	rep, reason, release, tk := s.route(sess.ID, sl.start, len(prompt))
+	rep, reason, release, tk := s.route(sess.ID, sl.start, s.estimate(sl, len(prompt)))
 	if tk != nil {
 		sl.waiting = &simWait{ticket: tk, sent: s.now, histLen: histLen, prompt: prompt}
 		return
@@ -650,6 +713,30 @@ func (s *simulator) dispatch(sl *simSlot, prompt []uint32, histLen int, sent tim
 }
 
 func noRelease(time.Time) {}
+
+// estimate is the prompt size the router is told for the slot's next
+// turn: the engine's count, or under BytesPerToken the bytes of the
+// turn's text over it (the engines' answers counted at their tokens).
+func (s *simulator) estimate(sl *simSlot, tokens int) int {
+	if s.cfg.BytesPerToken <= 0 {
+		return tokens
+	}
+	msgs := sl.sess.History(sl.sess.Turn())
+	if sl.compacted && !sl.sess.Compacted(sl.sess.Turn()) {
+		// compacted here: the summary and the turns since
+		msgs = msgs[2*s.cfg.Workload.CompactAfter:]
+		n := len(s.gen.Summary(sl.sess))
+		for _, m := range msgs {
+			n += len(m.Text)
+		}
+		return int(float64(len(sl.sess.System)+n)/s.cfg.BytesPerToken) + sl.answered
+	}
+	n := len(sl.sess.System)
+	for _, m := range msgs {
+		n += len(m.Text)
+	}
+	return int(float64(n)/s.cfg.BytesPerToken) + sl.answered
+}
 
 // route picks the replica for one turn under the current mode, or, in the
 // admit mode, returns the ticket of a new conversation that waits for room.

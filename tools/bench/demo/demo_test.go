@@ -169,6 +169,10 @@ func TestDemoPeerModes(t *testing.T) {
 		c.Stages = []int{4}
 		c.StageLength = 30 * time.Second
 		c.Warmup = 10 * time.Second
+		// at 10×, not 20×: an emulator that falls behind its clock on a
+		// slow, shared machine (or under -race) serves too few turns to
+		// see a conversation's later ones
+		c.Speed = 10
 	})
 	var table bytes.Buffer
 	_ = rep.WriteTable(&table)
@@ -179,10 +183,21 @@ func TestDemoPeerModes(t *testing.T) {
 			t.Errorf("%s: %+v", m, st)
 			continue
 		}
-		if st.Policy != m || st.TTFBP50S <= 0 || st.PrefixHitPct <= 0 {
-			t.Errorf("%s: policy %q, TTFB p50 %gs, prefix hits %g%%", m, st.Policy, st.TTFBP50S, st.PrefixHitPct)
+		if st.Policy != m || st.TTFBP50S <= 0 {
+			t.Errorf("%s: policy %q, TTFB p50 %gs", m, st.Policy, st.TTFBP50S)
 		}
-		if (m == peers.ModeSticky || m == peers.ModeProdStack) && st.StayedPct != 100 {
+		sticky := m == peers.ModeSticky || m == peers.ModeProdStack
+		if st.TTFBLaterP50S <= 0 {
+			// only first turns in the window: nothing to stay or hit
+			if sticky {
+				t.Errorf("%s: no later turns in the stage, stickiness unseen", m)
+			}
+			continue
+		}
+		if st.PrefixHitPct <= 0 {
+			t.Errorf("%s: later turns and no prefix hits", m)
+		}
+		if sticky && st.StayedPct != 100 {
 			t.Errorf("%s: stayed %.1f%%, want 100", m, st.StayedPct)
 		}
 	}

@@ -237,6 +237,31 @@ func (e *Engine) Reset() {
 	e.stats = EngineStats{}
 }
 
+// emitToken generates r's next token at the engine's time and, once r has
+// want tokens, finishes it (its blocks freed, still cached); it reports
+// whether r finished.
+func (e *Engine) emitToken(r *EngineRequest, want int) bool {
+	idx := len(r.Output)
+	tok := outputToken(r.seed, idx)
+	r.tokens = append(r.tokens, tok)
+	r.Output = r.tokens[len(r.Prompt):]
+	e.stats.GenerationTokens++
+	if idx == 0 {
+		r.FirstToken = e.now
+		e.stats.PromptTokens += uint64(len(r.Prompt))
+	}
+	e.events = append(e.events, Event{Req: r, Kind: EventToken, Token: tok, Index: idx, At: e.now})
+	if len(r.Output) < want {
+		return false
+	}
+	e.release(r)
+	r.Done = true
+	r.Finished = e.now
+	e.stats.Finished++
+	e.events = append(e.events, Event{Req: r, Kind: EventFinished, Index: idx, At: e.now})
+	return true
+}
+
 // dropFinished removes the requests that left the running batch.
 func (e *Engine) dropFinished() {
 	kept := e.running[:0]
@@ -448,23 +473,8 @@ func (e *Engine) Step() (time.Duration, []Event) {
 		if r.computed < len(r.tokens) {
 			continue // prefill chunk, more to come
 		}
-		idx := len(r.Output)
-		tok := outputToken(r.seed, idx)
-		r.tokens = append(r.tokens, tok)
-		r.Output = r.tokens[len(r.Prompt):]
-		e.stats.GenerationTokens++
-		if idx == 0 {
-			r.FirstToken = e.now
-			e.stats.PromptTokens += uint64(len(r.Prompt))
-		}
-		e.events = append(e.events, Event{Req: r, Kind: EventToken, Token: tok, Index: idx, At: e.now})
-		if len(r.Output) >= r.MaxTokens {
-			e.release(r)
-			r.Done = true
-			r.Finished = e.now
-			e.stats.Finished++
+		if e.emitToken(r, r.MaxTokens) {
 			finished = true
-			e.events = append(e.events, Event{Req: r, Kind: EventFinished, Index: idx, At: e.now})
 		}
 	}
 	if finished {

@@ -166,26 +166,11 @@ func (e *Engine) stepPerRequest() (time.Duration, []Event) {
 		if r.next > e.now {
 			continue
 		}
-		idx := len(r.Output)
-		tok := outputToken(r.seed, idx)
-		r.tokens = append(r.tokens, tok)
-		r.Output = r.tokens[len(r.Prompt):]
-		e.stats.GenerationTokens++
-		if idx == 0 {
-			r.FirstToken = e.now
-			e.stats.PromptTokens += uint64(len(r.Prompt))
-		}
-		e.events = append(e.events, Event{Req: r, Kind: EventToken, Token: tok, Index: idx, At: e.now})
-		if len(r.Output) < r.target {
-			r.next += e.scaled(p.InterTokenLatency)
+		if e.emitToken(r, r.target) {
+			finished = true
 			continue
 		}
-		e.release(r)
-		r.Done = true
-		r.Finished = e.now
-		e.stats.Finished++
-		finished = true
-		e.events = append(e.events, Event{Req: r, Kind: EventFinished, Index: idx, At: e.now})
+		r.next += e.scaled(p.InterTokenLatency)
 	}
 	if finished {
 		e.dropFinished()

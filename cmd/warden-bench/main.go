@@ -102,7 +102,7 @@ func addCommon(fs *flag.FlagSet, c *common, w bench.Workload, stageLength, warmu
 	fs.DurationVar(&c.w.Think, "think", w.Think, "mean client pause between turns, engine time (0: none)")
 	fs.StringVar(&c.w.Model, "model", w.Model, "model name sent in requests (and LM Warden's model)")
 	fs.StringVar(&c.stages, "stages", "4,8,16,24,32", "concurrent sessions of each stage, comma-separated")
-	fs.StringVar(&c.modes, "modes", modes, "routing modes run per stage: vllm-dp, off, on (affinity alone), admit, lifecycle (sim and demo), default (LM Warden as shipped: affinity, admission and lifecycle checks on), least_conn, round_robin, header; other routers' policies reimplemented: vllm-router (sticky_least_loaded), smg (cache_aware), llm-d (endpoint picker), dynamo (KV router), kubeai (PrefixHash), production-stack (session)")
+	fs.StringVar(&c.modes, "modes", modes, "routing modes run per stage: vllm-dp, off, on (affinity alone), admit, lifecycle (sim and demo), default (LM Warden as shipped: affinity, admission and lifecycle checks on), least_conn, round_robin, header; other routers' policies reimplemented: vllm-router (sticky_least_loaded), smg (cache_aware), llm-d (endpoint picker), dynamo (KV router), thunderagent (Dynamo's program scheduler), kubeai (PrefixHash), production-stack (session); run them alone in run (the bench's proxy serves them)")
 	fs.BoolVar(&c.compare, "compare", false, "run all modes: vllm-dp, off, on, admit, lifecycle (sim), default, least_conn, round_robin, header")
 	fs.DurationVar(&c.stageLength, "stage-length", stageLength, "measured length of a stage, engine time")
 	fs.DurationVar(&c.warmup, "warmup", warmup, "warm-up before each stage's measurement, engine time")

@@ -26,6 +26,7 @@ import (
 	"github.com/lmwarden/caddy-lmwarden/placement"
 	"github.com/lmwarden/caddy-lmwarden/tools/bench"
 	"github.com/lmwarden/caddy-lmwarden/tools/bench/demo"
+	"github.com/lmwarden/caddy-lmwarden/tools/bench/peers"
 )
 
 func main() {
@@ -103,7 +104,7 @@ func addCommon(fs *flag.FlagSet, c *common, w bench.Workload, stageLength, warmu
 	fs.DurationVar(&c.w.Think, "think", w.Think, "mean client pause between turns, engine time (0: none)")
 	fs.StringVar(&c.w.Model, "model", w.Model, "model name sent in requests (and LM Warden's model)")
 	fs.StringVar(&c.stages, "stages", "4,8,16,24,32", "concurrent sessions of each stage, comma-separated")
-	fs.StringVar(&c.modes, "modes", modes, "routing modes run per stage: vllm-dp, off, on (affinity alone), admit, lifecycle (sim and demo), default (LM Warden as shipped: affinity, admission and lifecycle checks on), least_conn, round_robin, header")
+	fs.StringVar(&c.modes, "modes", modes, "routing modes run per stage: vllm-dp, off, on (affinity alone), admit, lifecycle (sim and demo), default (LM Warden as shipped: affinity, admission and lifecycle checks on), least_conn, round_robin, header; other routers' policies reimplemented: vllm-router (sticky_least_loaded), smg (cache_aware), llm-d (endpoint picker), dynamo (KV router), thunderagent (Dynamo's program scheduler), kubeai (PrefixHash), production-stack (session); run them alone in run (the bench's proxy serves them)")
 	fs.BoolVar(&c.compare, "compare", false, "run all modes: vllm-dp, off, on, admit, lifecycle (sim), default, least_conn, round_robin, header")
 	fs.DurationVar(&c.stageLength, "stage-length", stageLength, "measured length of a stage, engine time")
 	fs.DurationVar(&c.warmup, "warmup", warmup, "warm-up before each stage's measurement, engine time")
@@ -150,11 +151,11 @@ func (c *common) parse() (stages []int, modes []string, err error) {
 	for _, m := range strings.Split(c.modes, ",") {
 		m = strings.TrimSpace(m)
 		ok := false
-		for _, x := range bench.CompareModes {
+		for _, x := range append(bench.CompareModes, bench.PeerModes...) {
 			ok = ok || x == m
 		}
 		if !ok {
-			return nil, nil, fmt.Errorf("unknown mode %q (vllm-dp, off, on, admit, lifecycle, default, least_conn, round_robin, header)", m)
+			return nil, nil, fmt.Errorf("unknown mode %q (vllm-dp, off, on, admit, lifecycle, default, least_conn, round_robin, header, or a peer: %s)", m, strings.Join(bench.PeerModes, ", "))
 		}
 		modes = append(modes, m)
 	}
@@ -297,7 +298,8 @@ func runSim(args []string) error {
 	fs.BoolVar(&cfg.DPRotate, "dp-rotate", false, "vllm-dp: rotate the balancer's tie-break after every pick (vLLM from PR 47420 on) instead of ties to the lowest engine")
 	fs.DurationVar(&cfg.RestartAt, "restart-at", 0, "restart one replica (cache and counters cleared) this long after every stage's start, engine time (0: never)")
 	fs.IntVar(&cfg.RestartReplica, "restart-replica", 0, "the replica --restart-at restarts")
-	matrix := fs.Bool("matrix", false, "run every traffic shape the bench knows (closed loop, --think 3s and 20s, --interactive, seqs8, 7gpu, waves, fleet, h100 with 3 s pauses and closed, and llmd-sim against off and on at its own 60 s stages) for vllm-dp, on and default, and print one scorecard of the default against the best of the others; --stage-length and --warmup apply to all")
+	matrix := fs.Bool("matrix", false, "run every traffic shape the bench knows (closed loop, --think 3s and 20s, --interactive, seqs8, 7gpu, waves, fleet, h100 with 3 s pauses and closed, and llmd-sim against off and on at its own 60 s stages) for vllm-dp, every peer router's policy and default, over --seeds, and print the scorecard of the default against the others; --stage-length and --warmup apply to all but llmd-sim")
+	seeds := fs.String("seeds", "1,2,3", "--matrix: workload seeds, comma-separated; every figure is their mean, with their range")
 	detail := fs.Bool("detail", false, "print per stage where turns spend their time (queue, prefill, preemptions) and each replica's load")
 	trace := fs.String("trace", "", "replay a turn trace (the lm_warden handler's trace option; FILE or FILE.1,FILE) with every mode instead of the workload, on the replicas the other flags size; docs/trace.md")
 	var topt bench.TraceOptions
@@ -330,7 +332,19 @@ func runSim(args []string) error {
 		if set["warmup"] {
 			warm = c.warmup
 		}
-		rows, err := bench.Matrix(bench.MatrixRegimes(), length, warm)
+		var ss []uint64
+		for _, f := range strings.Split(*seeds, ",") {
+			v, err := strconv.ParseUint(strings.TrimSpace(f), 10, 64)
+			if err != nil {
+				return fmt.Errorf("bad --seeds entry %q", f)
+			}
+			ss = append(ss, v)
+		}
+		start := time.Now()
+		rows, err := bench.Matrix(bench.MatrixRegimes(), bench.MatrixOptions{StageLength: length, Warmup: warm, Seeds: ss,
+			Progress: func(rg string, seed uint64) {
+				fmt.Fprintf(os.Stderr, "matrix %-12s seed %d  (%.0fs)\n", rg, seed, time.Since(start).Seconds())
+			}})
 		if err != nil {
 			return err
 		}
@@ -444,15 +458,48 @@ func runHTTP(ctx context.Context, args []string) error {
 			cl.BaseURL = cl.Targets[0]
 		}
 	}
-	if cl.BaseURL == "" {
-		return errors.New("--url or --targets is required")
-	}
 	stages, modes, err := c.parse()
 	if err == nil {
 		modes, err = c.httpModes(modes, false)
 	}
 	if err != nil {
 		return err
+	}
+	npeer := 0
+	for _, m := range modes {
+		if peers.Is(m) {
+			npeer++
+		}
+	}
+	var peer *bench.PeerProxy
+	if npeer > 0 {
+		// The peer routers' policies run in the bench's own reverse proxy
+		// in front of the replicas (--metrics gives their URLs), which the
+		// run drives instead of --url.
+		if npeer != len(modes) {
+			return errors.New("peer modes run in a run of their own (the bench's proxy serves them, not --url's router)")
+		}
+		if *metrics == "" {
+			return errors.New("peer modes need --metrics: the replicas the bench's proxy routes to")
+		}
+		peer = &bench.PeerProxy{Clock: bench.SpeedClock(*speed), PollInterval: time.Duration(float64(time.Second) / *speed),
+			Config: peers.Config{Seed: c.w.Seed}}
+		for _, u := range strings.Split(*metrics, ",") {
+			peer.Replicas = append(peer.Replicas, strings.TrimSuffix(strings.TrimSpace(u), "/metrics"))
+		}
+		if cl.SessionHeader != "" {
+			peer.SessionHeaders = []string{"X-Claude-Code-Session-Id", cl.SessionHeader}
+		}
+		peer.CacheGeometry(ctx)
+		if err := peer.Start("127.0.0.1:0"); err != nil {
+			return err
+		}
+		defer peer.Close()
+		cl.BaseURL, cl.Targets = peer.URL(), nil
+		fmt.Fprintf(os.Stderr, "peer routers' policies: the bench's proxy on %s in front of %s\n", peer.URL(), strings.Join(peer.Replicas, " "))
+	}
+	if cl.BaseURL == "" {
+		return errors.New("--url or --targets is required")
 	}
 	cl.API = bench.API(*api)
 	hc := bench.HTTPConfig{
@@ -466,10 +513,13 @@ func runHTTP(ctx context.Context, args []string) error {
 	if *metrics != "" {
 		hc.Metrics = strings.Split(*metrics, ",")
 	}
-	if sw.Admin != "" {
+	switch {
+	case peer != nil:
+		hc.SetMode, hc.EndSession = peer.SetMode, peer.EndSession
+	case sw.Admin != "":
 		sw.Model = c.w.Model
 		hc.SetMode = sw.SetMode
-	} else {
+	default:
 		// Nothing to switch: one labelled mode, the router is whatever
 		// serves --url.
 		hc.Modes = []string{*label}

@@ -1,5 +1,7 @@
 package bench
 
+import "github.com/lmwarden/caddy-lmwarden/tools/bench/peers"
+
 // The routing modes a run compares. ModeVLLMDP is vLLM's own data-parallel
 // balancer: one server with one engine per replica, the engine picked by
 // the coordinator's published waiting×4+running (the "off" of the
@@ -29,6 +31,12 @@ const (
 
 // CompareModes are the modes of --compare, in the order they run.
 var CompareModes = []string{ModeVLLMDP, ModeOff, ModeOn, ModeAdmit, ModeLifecycle, ModeDefault, ModeLeastConn, ModeRoundRobin, ModeHeader}
+
+// PeerModes are the other routers' policies (package peers), reimplemented
+// for the bench: vllm-project/router's sticky_least_loaded, SGLang's
+// gateway cache_aware, llm-d's endpoint picker, Dynamo's KV router,
+// KubeAI's PrefixHash and production-stack's session router.
+var PeerModes = peers.Names
 
 // Admits tells whether a mode runs with working-set admission.
 func Admits(mode string) bool { return mode == ModeAdmit || mode == ModeDefault }

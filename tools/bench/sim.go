@@ -10,6 +10,7 @@ import (
 
 	"github.com/lmwarden/caddy-lmwarden/emulator"
 	"github.com/lmwarden/caddy-lmwarden/placement"
+	"github.com/lmwarden/caddy-lmwarden/tools/bench/peers"
 )
 
 // SimConfig is one simulated run: the emulator's engine model on a virtual
@@ -144,16 +145,20 @@ type simTurn struct {
 	reason  placement.Reason
 	histLen int // the slot's history before this turn's user message
 	rec     TurnRecord
+	flight  *peers.Flight // the turn in a peer policy's books
 }
 
 type simSlot struct {
 	sendAt time.Duration // when the next turn is due (think time); -1 when none
 	// waiting: its turn is queued for admission (the admit mode)
 	waiting *simWait
-	sess    *Session
-	hist    []uint32 // prompt tokens of the turns so far, answers included
-	cur     *simTurn
-	start   uint64 // fingerprint of the conversation's current start
+	// held: its turn is held by a peer policy (a paused program)
+	held  *simWait
+	sess  *Session
+	hist  []uint32 // prompt tokens of the turns so far, answers included
+	cur   *simTurn
+	start uint64 // fingerprint of the conversation's current start
+	first string // the conversation's current first user message
 	// compacted: the session already replaced its history by a summary
 	compacted bool
 	// renew: its session ended; at sendAt the next one starts (waves)
@@ -187,6 +192,7 @@ type simulator struct {
 	engines []*simEngine
 	byID    map[string]int
 	router  *placement.Router
+	peer    peers.Policy // the peer router of a peer mode
 	rng     *rand.Rand
 	robin   uint32
 	dp      *emulator.DPBalancer
@@ -340,7 +346,7 @@ func validMode(m string) bool {
 			return true
 		}
 	}
-	return false
+	return peers.Is(m)
 }
 
 func (s *simulator) stage(mode string, n int) (Stage, error) {
@@ -350,6 +356,14 @@ func (s *simulator) stage(mode string, n int) (Stage, error) {
 		c.AffinityOff = mode == ModeOff
 		c.AdmissionOff = !Admits(mode)
 		s.router.Reconfigure(c)
+	}
+	if peers.Is(mode) && s.peer == nil {
+		p, err := peers.New(mode, s.peerConfig())
+		if err != nil {
+			return Stage{}, err
+		}
+		s.peer = p
+		s.pollPeer()
 	}
 	first := len(s.turns)
 	start := s.now
@@ -419,6 +433,9 @@ func (s *simulator) stage(mode string, n int) (Stage, error) {
 				s.router.AdmitWaiting(simEpoch.Add(s.now))
 				s.admitted(slots)
 			}
+			if s.peer != nil {
+				s.retryHeld(slots)
+			}
 			s.detailPoll()
 			nextPoll += s.cfg.PollInterval
 			continue
@@ -445,6 +462,7 @@ func (s *simulator) stage(mode string, n int) (Stage, error) {
 			}
 			sl.waiting = nil
 		}
+		sl.held = nil // the client leaves the peer router's queue
 		if t := sl.cur; t != nil {
 			s.engines[t.rep].e.Abort(t.req)
 			s.done(t)
@@ -454,6 +472,9 @@ func (s *simulator) stage(mode string, n int) (Stage, error) {
 		// are new, and the router is told so (as by X-Session-End), so
 		// these do not count as active conversations there.
 		s.router.End(sl.sess.ID, simEpoch.Add(s.now))
+		if s.peer != nil {
+			s.peer.EndSession(sl.sess.ID, simEpoch.Add(s.now))
+		}
 	}
 	s.detailEnd()
 	st := Measure(s.turns[first:], s.polls, w)
@@ -480,7 +501,7 @@ func PolicyOf(mode string) string {
 // while a turn waited at the router for admission.
 func (s *simulator) advanceTo(t time.Duration, slots []*simSlot) {
 	from, to := max(s.now, s.win.From), min(t, s.win.To)
-	if to > from && slices.ContainsFunc(slots, func(sl *simSlot) bool { return sl.waiting != nil }) {
+	if to > from && slices.ContainsFunc(slots, func(sl *simSlot) bool { return sl.waiting != nil || sl.held != nil }) {
 		for _, e := range s.engines {
 			if !e.stepping && e.e.Running() == 0 && e.e.Waiting() == 0 {
 				s.idleHeld += to - from
@@ -529,6 +550,9 @@ func (s *simulator) finishStep(i int) {
 		case emulator.EventToken:
 			if ev.Index == 0 {
 				t.rec.FirstToken = s.now
+				if t.flight != nil {
+					s.peer.FirstToken(t.flight, simEpoch.Add(s.now))
+				}
 				s.detailTurn(t)
 			}
 		case emulator.EventFinished:
@@ -592,6 +616,7 @@ func (s *simulator) newSession(sl *simSlot, start int) {
 	msgs := sl.sess.History(sl.sess.Turn())
 	sl.compacted = sl.sess.Compacted(sl.sess.Turn())
 	sl.start = xxhash.Sum64String(msgs[0].Text)
+	sl.first = msgs[0].Text
 	for _, m := range msgs[:len(msgs)-1] {
 		if m.Role == "user" {
 			sl.hist = s.chat.appendMessage(sl.hist, "user", m.Text)
@@ -611,19 +636,49 @@ func (s *simulator) send(sl *simSlot) {
 		// becomes the first user message, the remaining turns follow it.
 		sl.compacted = true
 		sum := s.gen.Summary(sess)
-		sl.start = xxhash.Sum64String(sum)
+		sl.start, sl.first = xxhash.Sum64String(sum), sum
 		sl.hist = s.chat.appendMessage(append(sl.hist[:0], s.sysTok...), "user", sum)
 		sl.answered = 0
 	}
 	histLen := len(sl.hist)
 	sl.hist = s.chat.appendMessage(sl.hist, "user", sess.Messages[turn])
 	prompt := append(append(make([]uint32, 0, len(sl.hist)+len(s.chat.ask)), sl.hist...), s.chat.ask...)
+	if s.peer != nil {
+		s.sendPeer(sl, &simWait{sent: s.now, histLen: histLen, prompt: prompt})
+		return
+	}
 	rep, reason, release, tk := s.route(sess.ID, sl.start, s.estimate(sl, len(prompt)))
 	if tk != nil {
 		sl.waiting = &simWait{ticket: tk, sent: s.now, histLen: histLen, prompt: prompt}
 		return
 	}
 	s.dispatch(sl, prompt, histLen, s.now, rep, reason, release)
+}
+
+// sendPeer routes the turn with the peer policy, or holds it there when
+// the policy does (a paused program).
+func (s *simulator) sendPeer(sl *simSlot, wt *simWait) {
+	f := s.peer.Pick(peers.Request{Key: sl.sess.ID, Tokens: wt.prompt, FirstUser: sl.first, Now: simEpoch.Add(s.now)})
+	if f == nil {
+		sl.held = wt
+		return
+	}
+	sl.held = nil
+	release := func(at time.Time) { s.peer.Done(f, at) }
+	s.dispatch(sl, wt.prompt, wt.histLen, wt.sent, f.Replica, 0, release)
+	if sl.cur != nil {
+		sl.cur.flight = f
+	}
+}
+
+// retryHeld asks the peer policy again for the turns it holds, in slot
+// order.
+func (s *simulator) retryHeld(slots []*simSlot) {
+	for _, sl := range slots {
+		if sl.held != nil {
+			s.sendPeer(sl, sl.held)
+		}
+	}
 }
 
 // admitted sends the turns the router admitted since the last event, in
@@ -789,4 +844,39 @@ func (s *simulator) poll() {
 			KVTokens: s.cfg.Engine.NumGPUBlocks * s.cfg.Engine.BlockSize})
 	}
 	s.polls = append(s.polls, p)
+	s.pollPeer()
+}
+
+// pollPeer gives a peer policy the replicas' polled queue and KV usage.
+func (s *simulator) pollPeer() {
+	if s.peer == nil {
+		return
+	}
+	loads := make([]peers.Load, len(s.engines))
+	for i, e := range s.engines {
+		loads[i] = peers.Load{Waiting: e.e.Waiting(), Running: e.e.Running(), KVUsage: e.e.KVUsage()}
+	}
+	s.peer.Poll(loads, simEpoch.Add(s.now))
+}
+
+// peerConfig sizes a peer policy to the simulated replicas.
+func (s *simulator) peerConfig() peers.Config {
+	names := make([]string, len(s.engines))
+	for i, e := range s.engines {
+		names[i] = e.id
+	}
+	return peers.Config{Replicas: names, BlockSize: s.cfg.Engine.BlockSize, NumGPUBlocks: s.cfg.Engine.NumGPUBlocks,
+		PrefillTokensPerSecond: PrefillRate(s.cfg.Engine), Seed: s.cfg.Workload.Seed}
+}
+
+// PrefillRate is a replica's prefill throughput on one unloaded chunk of
+// max_num_batched_tokens, the engine model's answer to how llm-d's
+// peakPrefillThroughput is calibrated (tokens/s).
+func PrefillRate(c emulator.EngineConfig) float64 {
+	n := c.MaxNumBatchedTokens
+	d := c.Timing.StepTime(n, float64(n)*float64(n+1)/2, 0)
+	if d <= 0 {
+		return 0
+	}
+	return float64(n) / d.Seconds()
 }

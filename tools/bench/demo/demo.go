@@ -32,6 +32,7 @@ import (
 	"github.com/lmwarden/caddy-lmwarden/internal/redisserver"
 	"github.com/lmwarden/caddy-lmwarden/placement"
 	"github.com/lmwarden/caddy-lmwarden/tools/bench"
+	"github.com/lmwarden/caddy-lmwarden/tools/bench/peers"
 )
 
 // Config is the self-contained demo: emulated replicas and Caddy with
@@ -199,6 +200,28 @@ func Run(ctx context.Context, cfg Config) (*bench.Report, error) {
 		px.store = rds.Addr
 		logf("shared binding store: redis-server on %s", rds.Addr)
 	}
+	var peer *bench.PeerProxy
+	for _, m := range cfg.Modes {
+		if peers.Is(m) && peer == nil {
+			// the peer routers' policies run in a proxy of the bench's
+			// own behind Caddy (Caddy → peer proxy → replicas), never in
+			// the module
+			peer = &bench.PeerProxy{Replicas: srv.URLs(), PollInterval: px.poll, Clock: bench.SpeedClock(cfg.Speed),
+				Config: peers.Config{BlockSize: cfg.Engine.BlockSize, NumGPUBlocks: cfg.Engine.NumGPUBlocks,
+					PrefillTokensPerSecond: bench.PrefillRate(cfg.Engine), Seed: cfg.Workload.Seed}}
+			if err := peer.Start("127.0.0.1:0"); err != nil {
+				return nil, err
+			}
+			defer peer.Close()
+			px.peer = strings.TrimPrefix(peer.URL(), "http://")
+			logf("peer routers' policies: the bench's proxy on %s", peer.URL())
+		}
+	}
+	if peers.Is(cfg.Modes[0]) {
+		if err := peer.SetMode(ctx, cfg.Modes[0]); err != nil {
+			return nil, err
+		}
+	}
 	if err := px.load(cfg.Modes[0]); err != nil {
 		return nil, err
 	}
@@ -252,9 +275,20 @@ func Run(ctx context.Context, cfg Config) (*bench.Report, error) {
 					return err
 				}
 			}
+			if peers.Is(mode) {
+				if err := peer.SetMode(ctx, mode); err != nil {
+					return err
+				}
+			}
 			return px.setMode(ctx, mode)
 		},
-		EndSession:   px.endSession,
+		EndSession: func(ctx context.Context, id string) {
+			if peers.Is(px.mode) {
+				peer.EndSession(ctx, id)
+				return
+			}
+			px.endSession(ctx, id)
+		},
 		Policy:       bench.PolicyOf,
 		StageLength:  cfg.StageLength,
 		Warmup:       cfg.Warmup,
@@ -292,6 +326,7 @@ type demoProxy struct {
 	health               bool
 	rht                  time.Duration
 	store                string // the shared store's address; "" for none
+	peer                 string // the peer proxy's address, for the peer modes
 	remote               bool   // another process: only its affinity is switched
 }
 
@@ -337,6 +372,11 @@ func (p *demoProxy) Caddyfile(mode string) string {
 	case bench.ModeHeader:
 		fmt.Fprintf(&b, "\treverse_proxy %s {\n\t\tlb_policy header X-Claude-Code-Session-Id\n", strings.Join(ups, " "))
 	default:
+		if peers.Is(mode) {
+			// the peer proxy picks the replica with the mode's policy
+			fmt.Fprintf(&b, "\treverse_proxy %s {\n", p.peer)
+			break
+		}
 		fmt.Fprintf(&b, "\treverse_proxy %s {\n\t\tlb_policy %s\n", strings.Join(ups, " "), mode)
 	}
 	if p.health {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/lmwarden/caddy-lmwarden/tools/bench"
+	"github.com/lmwarden/caddy-lmwarden/tools/bench/peers"
 )
 
 // TestDemoEndToEnd runs a short demo through real Caddy with LM Warden in
@@ -154,6 +155,50 @@ func TestDemoDefaultCaddyfile(t *testing.T) {
 	for _, want := range []string{"affinity on", "admission off", "restart_detection off"} {
 		if !strings.Contains(on, want) {
 			t.Errorf("the on mode's Caddyfile lacks %q:\n%s", want, on)
+		}
+	}
+}
+
+// TestDemoPeerModes runs every peer router's policy over HTTP: Caddy in
+// front of the bench's own proxy, which picks each turn's replica with the
+// policy and streams the replies back; the sticky policies keep every
+// conversation on one replica.
+func TestDemoPeerModes(t *testing.T) {
+	rep, log := shortDemo(t, func(c *Config) {
+		c.Modes = bench.PeerModes
+		c.Stages = []int{4}
+		c.StageLength = 30 * time.Second
+		c.Warmup = 10 * time.Second
+		// at 10×, not 20×: an emulator that falls behind its clock on a
+		// slow, shared machine (or under -race) serves too few turns to
+		// see a conversation's later ones
+		c.Speed = 10
+	})
+	var table bytes.Buffer
+	_ = rep.WriteTable(&table)
+	t.Logf("\n%s%s", log, table.String())
+	for _, m := range bench.PeerModes {
+		st, ok := rep.Find(m, 4)
+		if !ok || st.Requests == 0 || st.Errors != 0 {
+			t.Errorf("%s: %+v", m, st)
+			continue
+		}
+		if st.Policy != m || st.TTFBP50S <= 0 {
+			t.Errorf("%s: policy %q, TTFB p50 %gs", m, st.Policy, st.TTFBP50S)
+		}
+		sticky := m == peers.ModeSticky || m == peers.ModeProdStack
+		if st.TTFBLaterP50S <= 0 {
+			// only first turns in the window: nothing to stay or hit
+			if sticky {
+				t.Errorf("%s: no later turns in the stage, stickiness unseen", m)
+			}
+			continue
+		}
+		if st.PrefixHitPct <= 0 {
+			t.Errorf("%s: later turns and no prefix hits", m)
+		}
+		if sticky && st.StayedPct != 100 {
+			t.Errorf("%s: stayed %.1f%%, want 100", m, st.StayedPct)
 		}
 	}
 }

@@ -308,6 +308,16 @@ type traceConv struct {
 	sideLen     int // the prompt of the side line
 }
 
+// sessionKey is the session a peer router sees the conversation's turns
+// under: the session header's value, which a sub-agent shares with its
+// parent (its own agent ID is a header the peers do not read).
+func (c *traceConv) sessionKey() string {
+	if c.parent != "" {
+		return c.parent
+	}
+	return c.key
+}
+
 type traceItem struct {
 	conv      *traceConv
 	idx       int
@@ -510,7 +520,7 @@ func (s *simulator) replay(mode string, turns []turntrace.Turn, opt TraceOptions
 	if s.peer != nil {
 		// the conversations end with the replay, as a stage's do
 		for _, c := range r.convs {
-			s.peer.EndSession(c.key, simEpoch.Add(s.now))
+			s.peer.EndSession(c.sessionKey(), simEpoch.Add(s.now))
 		}
 	}
 	// the window ends with the last turn (a final poll reads the
@@ -571,14 +581,15 @@ func (s *simulator) traceSend(it *traceItem) {
 
 // traceSendPeer routes a turn with the peer policy, as sendPeer does a
 // stage's, or holds it there when the policy does (a paused program). The
-// policy sees the conversation's key (its session header), the prompt's
-// tokens and, for the text of the conversation's first user message, the
-// key and the line's start fingerprint: stable over a conversation's
-// turns, new where the first message would change (a compaction, a side
-// request), as the trace keeps no text.
+// policy sees the session header's value (sessionKey: a sub-agent's is its
+// parent's), the prompt's tokens and, for the text of the conversation's
+// first user message, the conversation's key and its line's start
+// fingerprint: stable over a conversation's turns, new where the first
+// message would change (a compaction, a side request), as the trace keeps
+// no text.
 func (s *simulator) traceSendPeer(run *traceRun) {
 	c := run.item.conv
-	f := s.peer.Pick(peers.Request{Key: c.key, Tokens: run.prompt, FirstUser: fmt.Sprintf("%s/%016x", c.key, run.start), Now: simEpoch.Add(s.now)})
+	f := s.peer.Pick(peers.Request{Key: c.sessionKey(), Tokens: run.prompt, FirstUser: fmt.Sprintf("%s/%016x", c.key, run.start), Now: simEpoch.Add(s.now)})
 	if f == nil {
 		s.trace.held = append(s.trace.held, run)
 		return

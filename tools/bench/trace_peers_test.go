@@ -52,7 +52,8 @@ func replicasOf(got []replayedTurn) map[string][]string {
 // TestTraceReplayPeerBehaviour shows that a peer mode's replay is its own
 // policy's, not LM Warden's under its name: production-stack puts every
 // turn of a conversation on the replica its hash ring gives the
-// conversation's key (computed here from the ring alone), vllm-router's
+// conversation's session (its parent's for a sub-agent; computed here from
+// the ring alone), vllm-router's
 // sticky_least_loaded keeps every conversation where it started (100 %
 // stayed), and both place the fixture's conversations differently from
 // LM Warden's on.
@@ -71,10 +72,19 @@ func TestTraceReplayPeerBehaviour(t *testing.T) {
 		names[i] = fmt.Sprintf("replica-%d", i)
 	}
 	ring := peers.NewSessionRing(peers.Config{Replicas: names})
+	// the session header: a sub-agent sends its parent's
+	session := map[string]string{}
+	for _, tr := range turns {
+		if tr.Parent != "" {
+			session[tr.Conv] = tr.Parent
+		} else if session[tr.Conv] == "" {
+			session[tr.Conv] = tr.Conv
+		}
+	}
 	st, got := replayTrace(t, cfg, turns, opt, peers.ModeProdStack)
 	ps := replicasOf(got)
 	for conv, reps := range ps {
-		want := names[ring.Owner("trace-"+conv)]
+		want := names[ring.Owner("trace-"+session[conv])]
 		for i, r := range reps {
 			if r != want {
 				t.Errorf("production-stack: conversation %s turn %d on %s, want its ring owner %s", conv, i, r, want)

@@ -73,7 +73,7 @@ vLLM data-parallel 4; docs/reference-measurement.md), column for column.
 
   warden-bench demo   emulator + Caddy with LM Warden in-process; stages 4-32, vLLM's own balancer then LM Warden
   warden-bench sim    the same experiment on a virtual clock (engine model x real router), in seconds;
-                      with --trace FILE, a trace of your own traffic (the handler's trace option) under every mode
+                      with --trace FILE, a trace of your own traffic (the handler's trace option) under every mode, peers included
   warden-bench run    drive any base URL (vLLM, or LM Warden in front of it) and poll the replicas
 
 Run "warden-bench <command> -h" for its flags.
@@ -301,7 +301,7 @@ func runSim(args []string) error {
 	matrix := fs.Bool("matrix", false, "run every traffic shape the bench knows (closed loop, --think 3s and 20s, --interactive, seqs8, 7gpu, waves, fleet, h100 with 3 s pauses and closed, and llmd-sim against off and on at its own 60 s stages) for vllm-dp, every peer router's policy and default, over --seeds, and print the scorecard of the default against the others; --stage-length and --warmup apply to all but llmd-sim")
 	seeds := fs.String("seeds", "1,2,3", "--matrix: workload seeds, comma-separated; every figure is their mean, with their range")
 	detail := fs.Bool("detail", false, "print per stage where turns spend their time (queue, prefill, preemptions) and each replica's load")
-	trace := fs.String("trace", "", "replay a turn trace (the lm_warden handler's trace option; FILE or FILE.1,FILE) with every mode instead of the workload, on the replicas the other flags size; docs/trace.md")
+	trace := fs.String("trace", "", "replay a turn trace (the lm_warden handler's trace option; FILE or FILE.1,FILE) with every mode, the peer routers' included, instead of the workload, on the replicas the other flags size; docs/trace.md")
 	var topt bench.TraceOptions
 	shared := fs.String("trace-shared", "0", "--trace: tokens every new line (a conversation's first turn, a side request) starts with, shared by all (the system prompt and tools a client sends in every one); auto: the median of what such turns found cached when recorded")
 	fs.DurationVar(&topt.Limit, "trace-limit", 0, "--trace: longest a mode's replay runs, engine time (0: ten times the trace's span plus an hour)")
@@ -319,8 +319,9 @@ func runSim(args []string) error {
 		} else {
 			topt.SharedTokens = n
 		}
-		if !set["modes"] {
-			c.compare = true // every mode the bench knows
+		if !set["modes"] && !c.compare {
+			// every mode the simulator runs, the peer routers' included
+			c.modes = strings.Join(bench.AllModes(), ",")
 		}
 		return runTrace(cfg, c, strings.Split(*trace, ","), topt, *detail)
 	}

@@ -1,6 +1,10 @@
 package bench
 
-import "github.com/lmwarden/caddy-lmwarden/tools/bench/peers"
+import (
+	"slices"
+
+	"github.com/lmwarden/caddy-lmwarden/tools/bench/peers"
+)
 
 // The routing modes a run compares. ModeVLLMDP is vLLM's own data-parallel
 // balancer: one server with one engine per replica, the engine picked by
@@ -37,6 +41,12 @@ var CompareModes = []string{ModeVLLMDP, ModeOff, ModeOn, ModeAdmit, ModeLifecycl
 // gateway cache_aware, llm-d's endpoint picker, Dynamo's KV router,
 // KubeAI's PrefixHash and production-stack's session router.
 var PeerModes = peers.Names
+
+// AllModes are every mode the simulator runs: CompareModes, then
+// PeerModes. A trace's replay runs them all unless told otherwise.
+func AllModes() []string {
+	return append(slices.Clip(CompareModes), PeerModes...)
+}
 
 // Admits tells whether a mode runs with working-set admission.
 func Admits(mode string) bool { return mode == ModeAdmit || mode == ModeDefault }

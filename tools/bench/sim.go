@@ -349,7 +349,15 @@ func validMode(m string) bool {
 	return peers.Is(m)
 }
 
-func (s *simulator) stage(mode string, n int) (Stage, error) {
+// setMode readies the simulator's routing for mode, in a workload's
+// stages and a trace's replay alike: LM Warden's router configured for an
+// LM Warden mode; for a peer mode its policy, made once per simulator
+// (stages of the same mode keep its books, as the router process would)
+// and given the replicas' load at once.
+func (s *simulator) setMode(mode string) error {
+	if !validMode(mode) {
+		return fmt.Errorf("sim: unknown mode %q", mode)
+	}
 	s.mode = mode
 	if PolicyOf(mode) == "lm_warden" {
 		c := s.router.Config()
@@ -357,13 +365,24 @@ func (s *simulator) stage(mode string, n int) (Stage, error) {
 		c.AdmissionOff = !Admits(mode)
 		s.router.Reconfigure(c)
 	}
-	if peers.Is(mode) && s.peer == nil {
+	if !peers.Is(mode) {
+		s.peer = nil // routed by route()
+		return nil
+	}
+	if s.peer == nil || s.peer.Name() != mode {
 		p, err := peers.New(mode, s.peerConfig())
 		if err != nil {
-			return Stage{}, err
+			return err
 		}
 		s.peer = p
 		s.pollPeer()
+	}
+	return nil
+}
+
+func (s *simulator) stage(mode string, n int) (Stage, error) {
+	if err := s.setMode(mode); err != nil {
+		return Stage{}, err
 	}
 	first := len(s.turns)
 	start := s.now
@@ -788,6 +807,11 @@ func (s *simulator) route(key string, start uint64, tokens int) (int, placement.
 			}
 		}
 		return best, 0, noRelease, nil
+	}
+	if PolicyOf(s.mode) != "lm_warden" {
+		// a mode route does not know (a peer's goes through its policy):
+		// never answered with LM Warden's pick under its name
+		panic(fmt.Sprintf("sim: route has no policy for mode %q", s.mode))
 	}
 	if !ChecksLifecycle(s.mode) {
 		start = 0 // LM Warden without the lifecycle checks

@@ -16,6 +16,7 @@ import (
 	"github.com/lmwarden/caddy-lmwarden/emulator"
 	"github.com/lmwarden/caddy-lmwarden/internal/turntrace"
 	"github.com/lmwarden/caddy-lmwarden/placement"
+	"github.com/lmwarden/caddy-lmwarden/tools/bench/peers"
 )
 
 // Replaying a turn trace (the lm_warden handler's trace option, format in
@@ -176,7 +177,8 @@ func b2int(b bool) int {
 	return 0
 }
 
-// SimTrace replays turns under each of cfg.Modes on cfg's replicas
+// SimTrace replays turns under each of cfg.Modes (none: AllModes, the
+// peer routers' policies included) on cfg's replicas
 // (Replicas, Engine, Placement, PollInterval and the vllm-dp settings;
 // the workload, stages and stage lengths are the trace's own). The report
 // has one stage per mode, its Sessions the trace's conversations, its
@@ -246,6 +248,9 @@ func traceSetup(cfg SimConfig, turns []turntrace.Turn, opt TraceOptions) (SimCon
 		opt.Limit = 10*time.Duration(sum.SpanS*float64(time.Second)) + time.Hour
 	}
 	cfg.RestartAt = 0 // a trace has its own course
+	if len(cfg.Modes) == 0 {
+		cfg.Modes = AllModes()
+	}
 	return cfg, opt, sum, nil
 }
 
@@ -256,6 +261,7 @@ type replayedTurn struct {
 	prompt, output int
 	cached         int // the prompt tokens the engine found cached
 	sent, end      time.Duration
+	routed         time.Duration // when the router let it go, if later than sent (0: at once)
 	replica        string
 	err, aborted   bool
 }
@@ -266,7 +272,10 @@ func replayMode(cfg SimConfig, turns []turntrace.Turn, opt TraceOptions, mode st
 	if err != nil {
 		return Stage{}, nil, err
 	}
-	st := s.replay(mode, turns, opt)
+	st, err := s.replay(mode, turns, opt)
+	if err != nil {
+		return Stage{}, nil, err
+	}
 	return st, s.replayed, nil
 }
 
@@ -276,6 +285,7 @@ type traceReplay struct {
 	origin   time.Time   // the trace's first start
 	pending  itemHeap    // turns whose send time is known, not yet sent
 	waiting  []*traceRun // turns held at the router for admission
+	held     []*traceRun // turns a peer policy holds (ThunderAgent's paused programs)
 	inflight map[*traceRun]bool
 	left     int // turns not done
 	seq      int // scheduling order: ties in send time go in it
@@ -296,6 +306,16 @@ type traceConv struct {
 	mainStart   uint64
 	sideStart   uint64
 	sideLen     int // the prompt of the side line
+}
+
+// sessionKey is the session a peer router sees the conversation's turns
+// under: the session header's value, which a sub-agent shares with its
+// parent (its own agent ID is a header the peers do not read).
+func (c *traceConv) sessionKey() string {
+	if c.parent != "" {
+		return c.parent
+	}
+	return c.key
 }
 
 type traceItem struct {
@@ -338,6 +358,7 @@ type traceRun struct {
 	release func(time.Time)
 	reason  placement.Reason
 	ticket  *placement.Ticket
+	flight  *peers.Flight // the turn in a peer policy's books
 	sent    time.Duration
 	rec     TurnRecord
 }
@@ -418,13 +439,9 @@ func (r *traceReplay) done(c *traceConv, now time.Duration) {
 }
 
 // replay runs the trace under mode and measures it.
-func (s *simulator) replay(mode string, turns []turntrace.Turn, opt TraceOptions) Stage {
-	s.mode = mode
-	if PolicyOf(mode) == "lm_warden" {
-		c := s.router.Config()
-		c.AffinityOff = mode == ModeOff
-		c.AdmissionOff = !Admits(mode)
-		s.router.Reconfigure(c)
+func (s *simulator) replay(mode string, turns []turntrace.Turn, opt TraceOptions) (Stage, error) {
+	if err := s.setMode(mode); err != nil {
+		return Stage{}, err
 	}
 	r := newTraceReplay(turns, opt.SharedTokens)
 	s.trace = r
@@ -469,6 +486,9 @@ func (s *simulator) replay(mode string, turns []turntrace.Turn, opt TraceOptions
 				s.router.AdmitWaiting(simEpoch.Add(s.now))
 				s.traceAdmitted()
 			}
+			if s.peer != nil {
+				s.traceRetryHeld()
+			}
 			s.detailPoll()
 			nextPoll += s.cfg.PollInterval
 			continue
@@ -492,9 +512,16 @@ func (s *simulator) replay(mode string, turns []turntrace.Turn, opt TraceOptions
 		}
 	}
 	r.waiting = nil
+	r.held = nil // the clients leave the peer router's queue
 	for run := range r.inflight {
 		s.engines[run.rep].e.Abort(run.req)
 		s.traceFinish(run)
+	}
+	if s.peer != nil {
+		// the conversations end with the replay, as a stage's do
+		for _, c := range r.convs {
+			s.peer.EndSession(c.sessionKey(), simEpoch.Add(s.now))
+		}
 	}
 	// the window ends with the last turn (a final poll reads the
 	// counters up to it)
@@ -504,7 +531,7 @@ func (s *simulator) replay(mode string, turns []turntrace.Turn, opt TraceOptions
 	st := Measure(s.turns, s.polls, s.win)
 	st.Mode, st.Sessions = mode, len(r.convs)
 	st.Policy = "sim:" + PolicyOf(mode)
-	return st
+	return st, nil
 }
 
 // traceSend builds a turn's prompt and routes it.
@@ -534,6 +561,11 @@ func (s *simulator) traceSend(it *traceItem) {
 	}
 	it.sentAt = s.now
 	run := &traceRun{item: it, prompt: prompt, start: start, sent: s.now}
+	if s.peer != nil {
+		s.traceSendPeer(run)
+		r.schedule(c, s.now)
+		return
+	}
 	s.parent = c.parent
 	rep, reason, release, tk := s.route(c.key, start, n)
 	s.parent = ""
@@ -545,6 +577,36 @@ func (s *simulator) traceSend(it *traceItem) {
 	}
 	// a turn that overlapped this one in the trace may be due now
 	r.schedule(c, s.now)
+}
+
+// traceSendPeer routes a turn with the peer policy, as sendPeer does a
+// stage's, or holds it there when the policy does (a paused program). The
+// policy sees the session header's value (sessionKey: a sub-agent's is its
+// parent's), the prompt's tokens and, for the text of the conversation's
+// first user message, the conversation's key and its line's start
+// fingerprint: stable over a conversation's turns, new where the first
+// message would change (a compaction, a side request), as the trace keeps
+// no text.
+func (s *simulator) traceSendPeer(run *traceRun) {
+	c := run.item.conv
+	f := s.peer.Pick(peers.Request{Key: c.sessionKey(), Tokens: run.prompt, FirstUser: fmt.Sprintf("%s/%016x", c.key, run.start), Now: simEpoch.Add(s.now)})
+	if f == nil {
+		s.trace.held = append(s.trace.held, run)
+		return
+	}
+	run.flight = f
+	s.traceDispatch(run, f.Replica, 0, func(at time.Time) { s.peer.Done(f, at) })
+}
+
+// traceRetryHeld asks the peer policy again for the turns it holds, in the
+// order they were first held.
+func (s *simulator) traceRetryHeld() {
+	r := s.trace
+	held := r.held
+	r.held = nil
+	for _, run := range held {
+		s.traceSendPeer(run) // held again: back on r.held, in order
+	}
 }
 
 // traceAdmitted sends the held turns the router admitted, in the order
@@ -605,7 +667,7 @@ func (s *simulator) traceFinish(run *traceRun) {
 	it := run.item
 	s.replayed = append(s.replayed, replayedTurn{conv: it.t.Conv, serial: it.conv.serial, idx: it.idx,
 		prompt: len(run.prompt), output: len(run.req.Output), cached: max(run.req.CachedTokens, 0),
-		sent: run.sent, end: run.rec.End, replica: run.rec.Replica, err: run.rec.Err, aborted: run.rec.Aborted})
+		sent: run.sent, end: run.rec.End, routed: run.rec.Routed, replica: run.rec.Replica, err: run.rec.Err, aborted: run.rec.Aborted})
 	run.release(simEpoch.Add(s.now))
 	s.engines[run.rep].inflight--
 	r.done(it.conv, s.now)
@@ -620,6 +682,9 @@ func (s *simulator) traceEvent(e *simEngine, run *traceRun, ev emulator.Event) {
 	case emulator.EventToken:
 		if ev.Index == 0 {
 			run.rec.FirstToken = s.now
+			if run.flight != nil {
+				s.peer.FirstToken(run.flight, simEpoch.Add(s.now))
+			}
 			s.detailTurn(&simTurn{req: run.req, rec: run.rec})
 		}
 	case emulator.EventFinished:

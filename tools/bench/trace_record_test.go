@@ -284,7 +284,7 @@ func TestTraceRoundTrip(t *testing.T) {
 		}
 	}
 	cfg := traceSimConfig()
-	for _, mode := range CompareModes {
+	for _, mode := range AllModes() {
 		st, got := replayTrace(t, cfg, turns, TraceOptions{}, mode)
 		checkReplay(t, mode, turns, st, got)
 	}

@@ -98,8 +98,8 @@ func TestTraceReplayRules(t *testing.T) {
 }
 
 // TestSimTraceFixture replays the recorded Claude Code fixture with every
-// mode: one stage per mode, in the registry's order, each with every turn
-// answered and a row of the report's table.
+// mode, the peer routers' included: one stage per mode, in AllModes'
+// order, each with every turn answered and a row of the report's table.
 func TestSimTraceFixture(t *testing.T) {
 	turns, err := ReadTraceFiles(traceFixture)
 	if err != nil {
@@ -110,19 +110,21 @@ func TestSimTraceFixture(t *testing.T) {
 		t.Fatalf("fixture summary %+v: want Claude Code's conversations, sub-agents, side requests and compactions", sum)
 	}
 	cfg := traceSimConfig()
+	cfg.Modes = nil // every mode, the peers' included
 	rep, err := SimTrace(cfg, turns, TraceOptions{SharedTokens: SharedAuto})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rep.Stages) != len(CompareModes) {
-		t.Fatalf("%d stages for %d modes", len(rep.Stages), len(CompareModes))
+	all := AllModes()
+	if len(rep.Stages) != len(all) {
+		t.Fatalf("%d stages for %d modes", len(rep.Stages), len(all))
 	}
 	var table bytes.Buffer
 	if err := rep.WriteTable(&table); err != nil {
 		t.Fatal(err)
 	}
 	for i, st := range rep.Stages {
-		if st.Mode != CompareModes[i] || st.Requests != len(turns) || st.Errors != 0 || st.Sessions != sum.Conversations || st.OutputTokensPerMin <= 0 {
+		if st.Mode != all[i] || st.Requests != len(turns) || st.Errors != 0 || st.Sessions != sum.Conversations || st.OutputTokensPerMin <= 0 {
 			t.Errorf("stage %d: %s, %d requests (%d errors), %d sessions, %.0f tok/min", i, st.Mode, st.Requests, st.Errors, st.Sessions, st.OutputTokensPerMin)
 		}
 		if !strings.Contains(table.String(), "| "+st.Mode+" | "+st.Policy+" |") {

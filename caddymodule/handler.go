@@ -275,7 +275,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	rw.ctx, rw.remote = r.Context(), r.RemoteAddr
 	defer h.finish(rw)
 
+	if r.ContentLength == 0 || st.rb.held() {
+		// a turn met by a connection the replica closed can be sent
+		// again (replay.go)
+		r = st.withTrace(r)
+	}
 	err = next.ServeHTTP(rw, r)
+	for st.replays < maxReplays && st.replayable(rw, r, err) {
+		st.replay()
+		err = next.ServeHTTP(rw, r)
+	}
 	if !rw.wroteHeader {
 		// before any answer the handler writes itself below
 		rw.abandoned()

@@ -110,7 +110,12 @@ type Handler struct {
 	// Headers that mark a session's last request: when one is present with
 	// a value other than "0", "false" or "no", the request is routed as
 	// usual and its conversation's binding is dropped when the response
-	// ends (counted as ended). Default X-Session-End; ["-"] disables.
+	// ends (counted as ended). Default none: a session ID travels in clear
+	// and proves nothing, so any client that knows one could end another's
+	// conversation and make its next turn recompute its prompt elsewhere;
+	// set it (e.g. ["X-Session-End"]) where only trusted clients, or a
+	// gateway that authenticates them, reach the server. ["-"] is the same
+	// as none.
 	SessionEndHeaders []string `json:"session_end_headers,omitempty"`
 
 	// Whether the body is read just to publish {http.vars.lm_warden.model}
@@ -156,9 +161,9 @@ type Handler struct {
 	bodyKeys, fingerprint, restartDetection, modelVar bool
 }
 
-// DefaultSessionEndHeaders are the headers read for a session's end when
-// session_end_headers is not set.
-var DefaultSessionEndHeaders = []string{"X-Session-End"}
+// SessionEndHeader is the header session_end_headers names when the
+// Caddyfile turns it on without naming one.
+const SessionEndHeader = "X-Session-End"
 
 // CaddyModule returns the Caddy module information.
 func (Handler) CaddyModule() caddy.ModuleInfo {
@@ -220,9 +225,6 @@ func (h *Handler) withDefaults() (deprecated []string) {
 	}
 	if h.ParentAgentHeader == "" {
 		h.ParentAgentHeader = DefaultParentAgentHeader
-	}
-	if len(h.SessionEndHeaders) == 0 {
-		h.SessionEndHeaders = slices.Clone(DefaultSessionEndHeaders)
 	}
 	if h.FingerprintBytes == 0 {
 		h.FingerprintBytes = DefaultFingerprintBytes

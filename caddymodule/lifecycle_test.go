@@ -18,6 +18,7 @@ func lifecycleSite(t *testing.T, n int, modelName, poll string) (*emulator.Serve
 	loadSite(t, fmt.Sprintf(`
 	lm_warden {
 		restart_detection on
+		session_end_headers on
 	}
 	reverse_proxy %s {
 		lb_policy lm_warden {

@@ -503,6 +503,7 @@ func (h *Handler) finish(rw *responseWatcher) {
 	}
 	// the body the handler read is not read again (see replayBody)
 	rw.st.rb.release()
+	rw.st.releaseTrace()
 	// The request's variables are left alone: the proxy's transport may
 	// still be dialling for this request in another goroutine (a client
 	// gone during the dial) and reads them there.

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 
@@ -57,17 +58,18 @@ const maxReplays = 32
 // attemptTrace follows the proxy's attempts of one request through the
 // transport's client trace: whether the connection used was a reused one and
 // whether any response byte came on it. The transport calls the hooks from
-// its own goroutines, hence the atomics.
+// its own goroutines, hence the atomics. Traces are pooled with their hooks
+// bound (two closures a request saved); a hook the transport would call
+// late, for a request that has ended, could at worst make another request's
+// failed attempt look reused (one more attempt) or answered (no replay).
 type attemptTrace struct {
 	reused    atomic.Bool
 	firstByte atomic.Bool
 	trace     httptrace.ClientTrace
 }
 
-// withTrace returns r with a client trace that records its attempts'
-// connections in st.at.
-func (st *routeState) withTrace(r *http.Request) *http.Request {
-	at := &st.at
+var tracePool = sync.Pool{New: func() any {
+	at := new(attemptTrace)
 	at.trace.GotConn = func(info httptrace.GotConnInfo) {
 		// the last connection the transport got is the attempt's (it
 		// may get several for one attempt when it replays a request
@@ -76,7 +78,25 @@ func (st *routeState) withTrace(r *http.Request) *http.Request {
 		at.firstByte.Store(false)
 	}
 	at.trace.GotFirstResponseByte = func() { at.firstByte.Store(true) }
+	return at
+}}
+
+// withTrace returns r with a client trace that records its attempts'
+// connections in st.at; releaseTrace gives it back.
+func (st *routeState) withTrace(r *http.Request) *http.Request {
+	at := tracePool.Get().(*attemptTrace)
+	at.reused.Store(false)
+	at.firstByte.Store(false)
+	st.at = at
 	return r.WithContext(httptrace.WithClientTrace(r.Context(), &at.trace))
+}
+
+// releaseTrace gives the request's trace back to the pool.
+func (st *routeState) releaseTrace() {
+	if st.at != nil {
+		tracePool.Put(st.at)
+		st.at = nil
+	}
 }
 
 // replayable reports whether the proxy's failed attempt may be run again:
@@ -85,7 +105,7 @@ func (st *routeState) replayable(rw *responseWatcher, r *http.Request, err error
 	if err == nil || rw.wroteHeader || !st.routed || r.Context().Err() != nil {
 		return false
 	}
-	if !st.at.reused.Load() || st.at.firstByte.Load() {
+	if st.at == nil || !st.at.reused.Load() || st.at.firstByte.Load() {
 		return false
 	}
 	if r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0 && !st.rb.held() {
@@ -128,8 +148,10 @@ func (st *routeState) replay() {
 	st.dec.Release()
 	st.routed = false
 	st.untryLast()
-	st.at.reused.Store(false)
-	st.at.firstByte.Store(false)
+	if st.at != nil {
+		st.at.reused.Store(false)
+		st.at.firstByte.Store(false)
+	}
 	if st.rb.b != nil {
 		st.rb.rewind()
 	}

@@ -24,6 +24,7 @@ func lifecycleSite(t *testing.T, n int, modelName, poll string) (*emulator.Serve
 		lb_policy lm_warden {
 			model %s
 			poll_interval %s
+			fail_after 10 # polls this fast time out on a starved CPU: not a replica failure
 			max_num_seqs 32
 		}
 		flush_interval -1

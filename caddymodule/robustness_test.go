@@ -182,6 +182,8 @@ func TestReloadUnderLoad(t *testing.T) {
 		bad       []string
 		lost      []string
 		where     = make([]map[string]int, workers)
+		last      = make([]string, workers)
+		moves     = make([][]string, workers)
 	)
 	for w := 0; w < workers; w++ {
 		where[w] = map[string]int{}
@@ -228,20 +230,27 @@ func TestReloadUnderLoad(t *testing.T) {
 					mu.Unlock()
 					continue
 				}
-				replica, _, _ := strings.Cut(resp.Header.Get(RouteHeader), "; ")
+				route := resp.Header.Get(RouteHeader)
+				replica, _, _ := strings.Cut(route, "; ")
 				mu.Lock()
 				if resp.StatusCode != http.StatusOK {
 					bad = append(bad, fmt.Sprintf("%s turn %d: %d", name, turn, resp.StatusCode))
 				} else {
 					ok.Add(1)
+					if last[w] != "" && replica != last[w] {
+						moves[w] = append(moves[w], fmt.Sprintf("turn %d at %s: %s", turn, time.Now().Format("15:04:05.000"), route))
+					}
+					last[w] = replica
 					where[w][replica]++
 				}
 				mu.Unlock()
 			}
 		}()
 	}
+	var reloads []string
 	for _, threshold := range []int{5, 9, 6, 10} {
 		time.Sleep(150 * time.Millisecond)
+		reloads = append(reloads, time.Now().Format("15:04:05.000"))
 		reloadRobustSite(t, rs.port, site(threshold))
 	}
 	time.Sleep(150 * time.Millisecond)
@@ -273,7 +282,7 @@ func TestReloadUnderLoad(t *testing.T) {
 	t.Logf("%d turns answered across 4 reloads", ok.Load())
 	for w, reps := range where {
 		if len(reps) != 1 {
-			t.Errorf("conversation load-%d served by %d replicas across reloads: %v", w, len(reps), reps)
+			t.Errorf("conversation load-%d served by %d replicas across reloads at %v: %v; moves %v", w, len(reps), reloads, reps, moves[w])
 		}
 	}
 	waitFor(t, "in flight back to 0", func() bool { return rs.card("reloading").InFlight == 0 })

@@ -101,6 +101,7 @@ func abandonSite(model string, dials []string) string {
 			model %s
 			max_num_seqs 32
 			poll_interval 200ms
+			fail_after 10 # polls this fast time out on a starved CPU: not a replica failure
 			fail_cooldown 2s
 		}
 		flush_interval -1

@@ -70,6 +70,7 @@ func admissionConfig(dial, model, extra, proxyExtra string) string {
 		lb_policy lm_warden {
 			model %s
 			poll_interval 100ms
+			fail_after 10 # polls this fast time out on a starved CPU: not a replica failure
 			kv_tokens 3000
 			admit_window 10m
 			%s

@@ -30,7 +30,7 @@ func parseHandlerCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler,
 //	    session_headers     <header...>
 //	    agent_header        <header>|off
 //	    parent_agent_header <header>|off
-//	    session_end_headers <header...>|off
+//	    session_end_headers <header...>|on|off
 //	    body_keys           on|off
 //	    fingerprint         on|off
 //	    fingerprint_bytes   <size>
@@ -65,6 +65,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.SessionEndHeaders, err = parseList(d)
 			if len(h.SessionEndHeaders) == 1 && h.SessionEndHeaders[0] == "off" {
 				h.SessionEndHeaders = []string{"-"}
+			} else if len(h.SessionEndHeaders) == 1 && h.SessionEndHeaders[0] == "on" {
+				h.SessionEndHeaders = []string{SessionEndHeader}
 			}
 		case "body_keys":
 			h.BodyKeys, err = parseSwitch(d)

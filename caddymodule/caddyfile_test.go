@@ -187,6 +187,9 @@ func TestHandlerCaddyfile(t *testing.T) {
 		{"session end off", `lm_warden {
 			session_end_headers off
 		}`, Handler{SessionEndHeaders: []string{"-"}}, false},
+		{"session end on", `lm_warden {
+			session_end_headers on
+		}`, Handler{SessionEndHeaders: []string{"X-Session-End"}}, false},
 		{"no session end headers", `lm_warden {
 			session_end_headers
 		}`, Handler{}, true},

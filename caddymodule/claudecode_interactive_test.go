@@ -147,6 +147,7 @@ func TestClaudeCodeInteractiveReplayThroughCaddy(t *testing.T) {
 		lb_policy lm_warden {
 			model %s
 			poll_interval 100ms
+			fail_after 10 # polls this fast time out on a starved CPU: not a replica failure
 		}
 		flush_interval -1
 	}`, strings.Join(ids, " "), model))

@@ -128,6 +128,7 @@ func TestClaudeCodeReplayThroughCaddy(t *testing.T) {
 		lb_policy lm_warden {
 			model cc-replay
 			poll_interval 100ms
+			fail_after 10 # polls this fast time out on a starved CPU: not a replica failure
 		}
 		flush_interval -1
 	}`, strings.Join(ids, " ")))

@@ -115,7 +115,12 @@ type Handler struct {
 	// Headers that mark a session's last request: when one is present with
 	// a value other than "0", "false" or "no", the request is routed as
 	// usual and its conversation's binding is dropped when the response
-	// ends (counted as ended). Default X-Session-End; ["-"] disables.
+	// ends (counted as ended). Default none: a session ID travels in clear
+	// and proves nothing, so any client that knows one could end another's
+	// conversation and make its next turn recompute its prompt elsewhere;
+	// set it (e.g. ["X-Session-End"]) where only trusted clients, or a
+	// gateway that authenticates them, reach the server. ["-"] is the same
+	// as none.
 	SessionEndHeaders []string `json:"session_end_headers,omitempty"`
 
 	// Whether the body is read just to publish {http.vars.lm_warden.model}
@@ -174,9 +179,9 @@ type Handler struct {
 	bodyKeys, fingerprint, restartDetection, modelVar bool
 }
 
-// DefaultSessionEndHeaders are the headers read for a session's end when
-// session_end_headers is not set.
-var DefaultSessionEndHeaders = []string{"X-Session-End"}
+// SessionEndHeader is the header session_end_headers names when the
+// Caddyfile turns it on without naming one.
+const SessionEndHeader = "X-Session-End"
 
 // CaddyModule returns the Caddy module information.
 func (Handler) CaddyModule() caddy.ModuleInfo {
@@ -240,9 +245,6 @@ func (h *Handler) withDefaults() (deprecated []string) {
 	if h.ParentAgentHeader == "" {
 		h.ParentAgentHeader = DefaultParentAgentHeader
 	}
-	if len(h.SessionEndHeaders) == 0 {
-		h.SessionEndHeaders = slices.Clone(DefaultSessionEndHeaders)
-	}
 	if h.FingerprintBytes == 0 {
 		h.FingerprintBytes = DefaultFingerprintBytes
 	}
@@ -305,7 +307,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	rw.arrived = arrived
 	defer h.finish(rw)
 
+	if r.ContentLength == 0 || st.rb.held() {
+		// a turn met by a connection the replica closed can be sent
+		// again (replay.go)
+		r = st.withTrace(r)
+	}
 	err = next.ServeHTTP(rw, r)
+	for st.replays < maxReplays && st.replayable(rw, r, err) {
+		st.replay()
+		err = next.ServeHTTP(rw, r)
+	}
 	if !rw.wroteHeader {
 		// before any answer the handler writes itself below
 		rw.abandoned()
@@ -544,6 +555,7 @@ func (h *Handler) finish(rw *responseWatcher) {
 	}
 	// the body the handler read is not read again (see replayBody)
 	rw.st.rb.release()
+	rw.st.releaseTrace()
 	// The request's variables are left alone: the proxy's transport may
 	// still be dialling for this request in another goroutine (a client
 	// gone during the dial) and reads them there.

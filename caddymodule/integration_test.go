@@ -115,6 +115,7 @@ func policyBlock(model, extra string) string {
 	return fmt.Sprintf(`lb_policy lm_warden {
 			model %s
 			poll_interval 100ms
+			fail_after 10 # polls this fast time out on a starved CPU: not a replica failure
 			%s
 		}`, model, extra)
 }

@@ -18,11 +18,13 @@ func lifecycleSite(t *testing.T, n int, modelName, poll string) (*emulator.Serve
 	loadSite(t, fmt.Sprintf(`
 	lm_warden {
 		restart_detection on
+		session_end_headers on
 	}
 	reverse_proxy %s {
 		lb_policy lm_warden {
 			model %s
 			poll_interval %s
+			fail_after 10 # polls this fast time out on a starved CPU: not a replica failure
 			max_num_seqs 32
 		}
 		flush_interval -1

@@ -21,7 +21,8 @@ import (
 // scripts/build-llama-server from the source node-llama-cpp ships, with the
 // random-weight model tools/cmd/tinygguf writes. The test runs when the
 // build is cached (LLAMA_SERVER and LLAMA_MODEL name them, or the script's
-// cache holds them) and skips, saying so, otherwise.
+// cache holds them) and skips, saying so, otherwise; a LLAMA_SERVER that
+// names a missing file fails it.
 
 // llamaBuild returns the llama-server binary and the model, or why not.
 func llamaBuild() (server, model, why string) {
@@ -49,7 +50,7 @@ func llamaBuild() (server, model, why string) {
 		}
 	}
 	if server == "" {
-		return "", "", "no llama-server build cached: run scripts/build-llama-server (about 45 min on 2 cores), or set LLAMA_SERVER and LLAMA_MODEL"
+		return "", "", "no llama-server build cached: run scripts/build-llama-server (about 7 min on 2 cores; scripts/test runs it), or set LLAMA_SERVER and LLAMA_MODEL"
 	}
 	for _, p := range []string{server, model} {
 		if _, err := os.Stat(p); err != nil {
@@ -212,6 +213,10 @@ func TestLlamaCppBehindCaddy(t *testing.T) {
 		t.Skip("-short: starts real llama.cpp servers")
 	}
 	server, model, why := llamaBuild()
+	if why != "" && os.Getenv("LLAMA_SERVER") != "" {
+		// named (scripts/test names the build it made): missing is an error
+		t.Fatal(why)
+	}
 	if why != "" {
 		t.Skip(why)
 	}

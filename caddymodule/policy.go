@@ -306,6 +306,9 @@ func (p *Policy) Provision(ctx caddy.Context) error {
 	if err := appVal.(*App).add(p.m, p); err != nil {
 		return err
 	}
+	if err := p.defaultKeepAlive(ctx); err != nil {
+		return fmt.Errorf("lm_warden %s: the proxy's transport: %w", p.Model, err)
+	}
 	return registerMetrics(ctx.GetMetricsRegistry())
 }
 

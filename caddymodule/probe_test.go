@@ -57,6 +57,7 @@ func TestProbeErrorsKeepReplica(t *testing.T) {
 		lb_policy lm_warden {
 			model probe-errors
 			poll_interval 100ms
+			fail_after 10 # polls this fast time out on a starved CPU: not a replica failure
 		}
 		flush_interval -1
 	}`, front))

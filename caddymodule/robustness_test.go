@@ -12,6 +12,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httptrace"
+	"os"
 	"runtime"
 	"slices"
 	"strings"
@@ -174,11 +176,14 @@ func TestReloadUnderLoad(t *testing.T) {
 		stop      atomic.Bool
 		ok        atomic.Int64
 		transport atomic.Int64
+		handover  atomic.Int64
 		wg        sync.WaitGroup
 		mu        sync.Mutex
 		bad       []string
 		lost      []string
 		where     = make([]map[string]int, workers)
+		last      = make([]string, workers)
+		moves     = make([][]string, workers)
 	)
 	for w := 0; w < workers; w++ {
 		where[w] = map[string]int{}
@@ -193,8 +198,23 @@ func TestReloadUnderLoad(t *testing.T) {
 				// a replayable POST: the client may resend it on a
 				// connection the old server closed before reading it
 				req.Header.Set("Idempotency-Key", fmt.Sprintf("%s-%d", name, turn))
+				var reused, answered atomic.Bool
+				req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+					GotConn:              func(i httptrace.GotConnInfo) { reused.Store(i.Reused) },
+					GotFirstResponseByte: func() { answered.Store(true) },
+				}))
 				resp, err := client.Do(req)
 				if err != nil {
+					if !reused.Load() && !answered.Load() {
+						// a connection the client had just opened, closed
+						// or reset before any answer (the dial itself, when
+						// GotConn never came): it landed in the queue of the
+						// old server's listening socket, which the kernel
+						// resets when Caddy closes it (see the README,
+						// "Reloads"); a failure on a reused connection the
+						// client replays itself (Idempotency-Key)
+						handover.Add(1)
+					}
 					transport.Add(1)
 					mu.Lock()
 					lost = append(lost, err.Error())
@@ -210,20 +230,27 @@ func TestReloadUnderLoad(t *testing.T) {
 					mu.Unlock()
 					continue
 				}
-				replica, _, _ := strings.Cut(resp.Header.Get(RouteHeader), "; ")
+				route := resp.Header.Get(RouteHeader)
+				replica, _, _ := strings.Cut(route, "; ")
 				mu.Lock()
 				if resp.StatusCode != http.StatusOK {
 					bad = append(bad, fmt.Sprintf("%s turn %d: %d", name, turn, resp.StatusCode))
 				} else {
 					ok.Add(1)
+					if last[w] != "" && replica != last[w] {
+						moves[w] = append(moves[w], fmt.Sprintf("turn %d at %s: %s", turn, time.Now().Format("15:04:05.000"), route))
+					}
+					last[w] = replica
 					where[w][replica]++
 				}
 				mu.Unlock()
 			}
 		}()
 	}
+	var reloads []string
 	for _, threshold := range []int{5, 9, 6, 10} {
 		time.Sleep(150 * time.Millisecond)
+		reloads = append(reloads, time.Now().Format("15:04:05.000"))
 		reloadRobustSite(t, rs.port, site(threshold))
 	}
 	time.Sleep(150 * time.Millisecond)
@@ -233,14 +260,21 @@ func TestReloadUnderLoad(t *testing.T) {
 	if len(bad) > 0 {
 		t.Errorf("%d turns failed across reloads: %v", len(bad), bad)
 	}
-	// A connection the client opens just as Caddy hands the listener to the
-	// new server may be closed before it is read (an EOF at the client, no
-	// response at all); that is Caddy's reload, not the routing. Anything
-	// more than a stray one is a failure.
-	if n := transport.Load(); n > max(1, ok.Load()/100) {
-		t.Errorf("%d turns lost at the transport across reloads: %v", n, lost)
-	} else if n > 0 {
-		t.Logf("%d turns lost at the transport during the listener handover: %v", n, lost)
+	// Every configuration listens on its own socket (SO_REUSEPORT), and
+	// the kernel resets the connections queued on the old one when the old
+	// server closes it: a connection the client opened just then is closed
+	// before any answer. That is the kernel's listener handover, which
+	// neither Caddy nor the handler sees (net.ipv4.tcp_migrate_req=1 moves
+	// those connections to the new socket instead: then none is lost). Any
+	// other loss is a failure: on a reused connection, or after the answer
+	// began.
+	n, h := transport.Load(), handover.Load()
+	if n > h {
+		t.Errorf("%d turns lost at the transport across reloads, %d of them not in the listener handover: %v", n, n-h, lost)
+	} else if h > 0 && migrateReq() {
+		t.Errorf("%d turns lost in the listener handover with net.ipv4.tcp_migrate_req on: %v", h, lost)
+	} else if h > 0 {
+		t.Logf("%d turns lost in the kernel's listener handover (net.ipv4.tcp_migrate_req off): %v", h, lost)
 	}
 	if ok.Load() == 0 {
 		t.Fatal("no turn succeeded")
@@ -248,7 +282,7 @@ func TestReloadUnderLoad(t *testing.T) {
 	t.Logf("%d turns answered across 4 reloads", ok.Load())
 	for w, reps := range where {
 		if len(reps) != 1 {
-			t.Errorf("conversation load-%d served by %d replicas across reloads: %v", w, len(reps), reps)
+			t.Errorf("conversation load-%d served by %d replicas across reloads at %v: %v; moves %v", w, len(reps), reloads, reps, moves[w])
 		}
 	}
 	waitFor(t, "in flight back to 0", func() bool { return rs.card("reloading").InFlight == 0 })
@@ -671,4 +705,12 @@ func TestModelFromTheBodysStart(t *testing.T) {
 			}
 		})
 	}
+}
+
+// migrateReq reports whether the kernel moves the connections queued on a
+// closing listening socket to another of its SO_REUSEPORT group
+// (net.ipv4.tcp_migrate_req).
+func migrateReq() bool {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/tcp_migrate_req")
+	return err == nil && strings.TrimSpace(string(b)) == "1"
 }

@@ -35,6 +35,8 @@ type routeState struct {
 	// bytes came (zero when not streamed): the replica's prefill rate and
 	// turn time are learned from them (placement.Turn)
 	routedAt, firstAt time.Time
+	at                *attemptTrace // the connection of the proxy's last attempt (replay.go)
+	replays           int           // how often the proxy was run again (replay.go)
 }
 
 func (st *routeState) addTried(id string) {

@@ -132,6 +132,7 @@ func storeSite(model string, dials []string, redisAddr, extra string) string {
 			max_num_seqs 32
 			spill_threshold 4
 			poll_interval 200ms
+			fail_after 10 # polls this fast time out on a starved CPU: not a replica failure
 			client_pin_header X-Pin
 			%s
 		}

@@ -19,6 +19,7 @@ type entry struct {
 	busy         uint16 // its turns in flight, counted while admission tracks them
 	runs         uint16 // turns ended since it was admitted or resumed (timeslice.go)
 	start        uint64 // fingerprint of the conversation's start; 0 = unknown
+	prev         uint64 // the start a restart replaced (side.go); 0 = none
 	prompt       uint32 // prompt tokens of its last finished turn; 0 = none yet
 
 	// For working-set admission (admission.go): the conversation's context

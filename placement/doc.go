@@ -67,9 +67,15 @@
 //     request, a classifier's call, however often retried); one
 //     that arrives again before a request with the conversation's own start
 //     (which forgets them) means the conversation was compacted or cleared
-//     and goes on with it: ReasonRestarted, re-bound to the replica its
-//     earlier request with that start went to when that one is usable and
-//     not over the threshold, else placed by score (not counted as keyed).
+//     and goes on with it: ReasonRestarted, kept on its replica while that
+//     one is usable (a key is not a credential: another client's start
+//     under it must not move the conversation), the replaced start
+//     remembered so that a request that brings it back, with history,
+//     gives it back and is routed as the conversation's turn; only a
+//     conversation whose replica is not usable, marked for a move or cold
+//     is re-bound to the replica its earlier request with that start went
+//     to when that one is usable and not over the threshold, else placed
+//     by score (not counted as keyed).
 //     A binding whose own start never came a second time was placed by a
 //     side request that came first (Claude Code sends a session's title
 //     request before its first turn): the recurring start replaces it on

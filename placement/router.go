@@ -400,6 +400,12 @@ func (r *Router) route(req Request, queue bool) (Decision, *Ticket, error) {
 	bound := r.reps[r.b.ents[e].rep]
 	var again bool
 	var at *replica
+	if en := &r.b.ents[e]; req.Start != 0 && en.prev != 0 && req.Start == en.prev && !req.Lone {
+		// the start a restart replaced: the conversation itself goes on
+		// (the restart was another client's, under the same key), a turn
+		// as any other (side.go)
+		r.unrestart(e)
+	}
 	if en := &r.b.ents[e]; req.Start != 0 && en.start != 0 && en.start != req.Start {
 		// Same key, another start: a side request (side.go), unless the
 		// start recurs

@@ -102,24 +102,43 @@ func (r *Router) forgetSide(e int32) {
 	}
 }
 
+// A key is not a credential: a session ID travels in clear, and any client
+// that knows one can send requests under it with a start of its own. So a
+// restart never moves a conversation off a replica that can still take it
+// (usable, not marked for a move, its cache not lost): the new start is
+// adopted in place, and the start it replaced is kept (entry.prev). A
+// request that comes with that start again, with history, is the
+// conversation itself going on (the restart was another client's): it
+// takes its start back (unrestart) and is routed as any of its turns. A
+// conversation that was really compacted never sends its old start again.
+// Only a conversation whose replica cannot take it is placed anew, where
+// the restarted start's first request went when that one can (its prefix is
+// cached there), else by load.
+
 // restartAt makes start s, which recurred, the conversation of entry e
-// (bound to bound) and routes its turn: to at, the replica its earlier
-// request with that start went to, when at is usable, not over the
-// threshold and not marked for a move; else placed anew by load. Either
-// way it is counted restarted once, unless the binding's start never
-// recurred (a side request placed it) and the turn stays: then the
+// (bound to bound) and routes its turn (see above): on bound while it can
+// take it, else to at, the replica its earlier request with that start went
+// to, when at is usable and not over the threshold, else placed anew by
+// load. Either way it is counted restarted once, unless the binding's start
+// never recurred (a side request placed it) and the turn stays: then the
 // conversation only now shows its start, a sticky turn. r.mu held.
 func (r *Router) restartAt(e int32, bound, at *replica, s uint64, now int64) (Decision, error) {
 	en := &r.b.ents[e]
 	r.forgetSide(e)
 	confirmed := en.flags&flagConfirmed != 0
+	if confirmed {
+		en.prev = en.start
+	}
 	en.start, en.prompt = s, 0
 	en.flags |= flagConfirmed
-	if at == nil || !r.usable(at) || at.running() > r.threshold || (at == bound && en.flags&flagReplace != 0) {
+	if r.usable(bound) && en.flags&(flagReplace|flagCold) == 0 {
+		at = bound
+	} else if at == nil || !r.usable(at) || at.running() > r.threshold || (at == bound && en.flags&flagReplace != 0) {
 		return r.replace(e, bound, now, ReasonRestarted)
 	}
 	if !confirmed && at == bound {
-		// its first request here just computed the new start's prefix
+		// its start never came twice: the conversation only now shows
+		// it, and its first request here just computed its prefix
 		en.flags &^= flagCold
 		r.keyed++
 		return r.stay(e, bound, now, ReasonSticky), nil
@@ -132,4 +151,12 @@ func (r *Router) restartAt(e int32, bound, at *replica, s uint64, now int64) (De
 		d.Previous = bound.id
 	}
 	return d, nil
+}
+
+// unrestart gives entry e back the start a restart replaced: a request came
+// with it (see above). r.mu held.
+func (r *Router) unrestart(e int32) {
+	en := &r.b.ents[e]
+	en.start, en.prev, en.prompt = en.prev, 0, 0
+	r.forgetSide(e)
 }

@@ -54,8 +54,11 @@ func TestSideRequests(t *testing.T) {
 				{c, ReasonSide, "r0", "", "r0"},
 				{c, ReasonRestarted, "r0", "", "r0"},
 				{c, ReasonSticky, "r0", "", "r0"},
-				{a, ReasonSide, "r0", "", "r0"}, // the old start is a side start now
-				{c, ReasonSticky, "r0", "", "r0"},
+				// the old start again, with history: the conversation
+				// itself (the new start was another client's), its start
+				// back, a turn as any other
+				{a, ReasonSticky, "r0", "", "r0"},
+				{c, ReasonSide, "r0", "", "r0"},
 			},
 			side: map[string]uint64{"r0": 2},
 			rest: map[string]uint64{"r0": 1},
@@ -94,13 +97,13 @@ func TestSideRequests(t *testing.T) {
 			steps: []step{
 				{t1, ReasonSide, "r1", "", "r0"},
 				{c, ReasonSide, "r1", "", "r0"},
-				// it recurs: bound where its first request went (its
-				// prefix is cached there)
-				{c, ReasonRestarted, "r1", "r0", "r1"},
-				{c, ReasonSticky, "r1", "", "r1"},
+				// it recurs: restarted where the conversation is, which
+				// can take it (a start under the key may be another
+				// client's: it moves nothing)
+				{c, ReasonRestarted, "r0", "", "r0"},
 			},
 			side: map[string]uint64{"r1": 2},
-			rest: map[string]uint64{"r1": 1},
+			rest: map[string]uint64{"r0": 1},
 		},
 		{
 			name: "replica out: a side request goes by load, the conversation's turn is re-placed",

@@ -199,11 +199,23 @@ func sessionFromMetadata(meta gjson.Result) string {
 // does not apply; the caller then looks the field up from the start.
 // absent reports that the body holds no `"metadata"` at all.
 func trailingMetadata(body string) (v gjson.Result, ok, absent bool) {
-	const key = `"metadata"`
+	raw, ok, absent := trailingMember(body, `"metadata"`, objectEnd)
+	if !ok {
+		return gjson.Result{}, false, absent
+	}
+	return gjson.Parse(raw), true, false
+}
+
+// trailingMember finds the last member named key (quoted) within
+// metadataTail bytes of the end of body and returns its raw value, whose
+// length valueEnd measures, accepted only when what follows the value
+// proves it a member of the outermost object. absent reports that the
+// body holds no key at all.
+func trailingMember(body, key string, valueEnd func(string) int) (raw string, ok, absent bool) {
 	tail := max(0, len(body)-metadataTail)
 	i := lastIndex(body[tail:], key)
 	if i < 0 {
-		return gjson.Result{}, false, !strings.Contains(body[:min(len(body), tail+len(key)-1)], key)
+		return "", false, !strings.Contains(body[:min(len(body), tail+len(key)-1)], key)
 	}
 	i += tail
 	j := i + len(key)
@@ -211,25 +223,24 @@ func trailingMetadata(body string) (v gjson.Result, ok, absent bool) {
 		j++
 	}
 	if j >= len(body) || body[j] != ':' {
-		return gjson.Result{}, false, false
+		return "", false, false
 	}
 	start := j + 1
 	for start < len(body) && isSpace(body[start]) {
 		start++
 	}
-	end := objectEnd(body[start:])
+	end := valueEnd(body[start:])
 	if end < 0 {
-		return gjson.Result{}, false, false
+		return "", false, false
 	}
-	v = gjson.Parse(body[start : start+end])
 	rest := strings.TrimSpace(body[start+end:])
 	switch {
 	case rest == "}":
-		return v, true, false
 	case strings.HasPrefix(rest, ",") && gjson.Valid("{"+rest[1:]):
-		return v, true, false
+	default:
+		return "", false, false
 	}
-	return gjson.Result{}, false, false
+	return body[start : start+end], true, false
 }
 
 // metadataTail is how far from the end of a body trailingMetadata looks.

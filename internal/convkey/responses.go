@@ -87,35 +87,11 @@ func PromptCacheKey(body string) string {
 // only when what follows its value proves it a member of the outermost
 // object. absent reports that the body holds no key at all.
 func trailingString(body, key string) (v gjson.Result, ok, absent bool) {
-	tail := max(0, len(body)-metadataTail)
-	i := lastIndex(body[tail:], key)
-	if i < 0 {
-		return gjson.Result{}, false, !strings.Contains(body[:min(len(body), tail+len(key)-1)], key)
+	raw, ok, absent := trailingMember(body, key, stringEnd)
+	if !ok {
+		return gjson.Result{}, false, absent
 	}
-	i += tail
-	j := i + len(key)
-	for j < len(body) && isSpace(body[j]) {
-		j++
-	}
-	if j >= len(body) || body[j] != ':' {
-		return gjson.Result{}, false, false
-	}
-	start := j + 1
-	for start < len(body) && isSpace(body[start]) {
-		start++
-	}
-	end := stringEnd(body[start:])
-	if end < 0 {
-		return gjson.Result{}, false, false
-	}
-	rest := strings.TrimSpace(body[start+end:])
-	switch {
-	case rest == "}":
-	case strings.HasPrefix(rest, ",") && gjson.Valid("{"+rest[1:]):
-	default:
-		return gjson.Result{}, false, false
-	}
-	v = gjson.Parse(body[start : start+end])
+	v = gjson.Parse(raw)
 	return v, v.Type == gjson.String, false
 }
 

@@ -78,15 +78,7 @@ func TestAgentReplayThroughCaddy(t *testing.T) {
 		{"opencode", "opencode", "header", nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			emu, err := emulator.NewServer(emulator.ServerConfig{Replicas: 4, Speed: 50, Model: "qwen3-4b", DefaultMaxTokens: 16})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = emu.Close() })
-			var ids []string
-			for _, u := range emu.URLs() {
-				ids = append(ids, strings.TrimPrefix(u, "http://"))
-			}
+			_, ids := startEmulatorConfig(t, emulator.ServerConfig{Replicas: 4, Speed: 50, Model: "qwen3-4b", DefaultMaxTokens: 16})
 			agentRuns++
 			model := fmt.Sprintf("agent-%d", agentRuns)
 			loadSite(t, fmt.Sprintf(`

@@ -128,15 +128,7 @@ func TestClaudeCodeInteractiveReplayThroughCaddy(t *testing.T) {
 	engine := emulator.DefaultEngineConfig()
 	engine.NumGPUBlocks = 100000
 	engine.MaxModelLen = 400000
-	emu, err := emulator.NewServer(emulator.ServerConfig{Replicas: 4, Speed: 50, Model: "qwen3-4b", Engine: engine})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = emu.Close() })
-	var ids []string
-	for _, u := range emu.URLs() {
-		ids = append(ids, strings.TrimPrefix(u, "http://"))
-	}
+	_, ids := startEmulatorConfig(t, emulator.ServerConfig{Replicas: 4, Speed: 50, Model: "qwen3-4b", Engine: engine})
 	// a model name of its own per run: a router outlives a reload, and the
 	// bindings of an earlier run (-count) would name replicas now gone
 	interactiveRuns++

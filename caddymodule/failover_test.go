@@ -225,16 +225,7 @@ func (w *outWatch) times() (out, in time.Time, cause []string) {
 // seconds per wall second) and returns them with their dial addresses.
 func startEmulator(t *testing.T, n int, speed float64) (*emulator.Server, []string) {
 	t.Helper()
-	emu, err := emulator.NewServer(emulator.ServerConfig{Replicas: n, Speed: speed, Model: "qwen3-4b"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = emu.Close() })
-	var dials []string
-	for _, u := range emu.URLs() {
-		dials = append(dials, strings.TrimPrefix(u, "http://"))
-	}
-	return emu, dials
+	return startEmulatorConfig(t, emulator.ServerConfig{Replicas: n, Speed: speed, Model: "qwen3-4b"})
 }
 
 // stageFigures sums up a fault stage for the test log.

@@ -17,6 +17,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddytest"
+	"github.com/lmwarden/caddy-lmwarden/emulator"
 )
 
 // The harness for the in-process Caddy the tests load: the ports, the
@@ -235,4 +236,21 @@ func settledGoroutines(client *http.Client) int {
 	runtime.GC()
 	time.Sleep(200 * time.Millisecond)
 	return runtime.NumGoroutine()
+}
+
+// startEmulatorConfig is startEmulator for replicas configured in full:
+// started for a test, stopped at its end, returned with their dial
+// addresses (host:port) for a reverse_proxy block.
+func startEmulatorConfig(t *testing.T, cfg emulator.ServerConfig) (*emulator.Server, []string) {
+	t.Helper()
+	emu, err := emulator.NewServer(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = emu.Close() })
+	ids := make([]string, 0, len(emu.URLs()))
+	for _, u := range emu.URLs() {
+		ids = append(ids, strings.TrimPrefix(u, "http://"))
+	}
+	return emu, ids
 }

@@ -21,15 +21,7 @@ var responsesRuns int
 // source (JSON and Prometheus), and its token counts equal the usage the
 // responses carried, read client-side.
 func TestResponsesThroughCaddy(t *testing.T) {
-	emu, err := emulator.NewServer(emulator.ServerConfig{Replicas: 4, Speed: 50, Model: "qwen3-4b"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = emu.Close() })
-	var ids []string
-	for _, u := range emu.URLs() {
-		ids = append(ids, strings.TrimPrefix(u, "http://"))
-	}
+	_, ids := startEmulatorConfig(t, emulator.ServerConfig{Replicas: 4, Speed: 50, Model: "qwen3-4b"})
 	responsesRuns++
 	model := fmt.Sprintf("responses-%d", responsesRuns)
 	loadSite(t, fmt.Sprintf(`

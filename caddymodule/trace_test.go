@@ -50,15 +50,7 @@ func TestTraceRecordsClaudeCodeThroughCaddy(t *testing.T) {
 	engine := emulator.DefaultEngineConfig()
 	engine.NumGPUBlocks = 100000
 	engine.MaxModelLen = 400000
-	emu, err := emulator.NewServer(emulator.ServerConfig{Replicas: 4, Speed: 50, Model: "qwen3-4b", Engine: engine})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = emu.Close() })
-	var ids []string
-	for _, u := range emu.URLs() {
-		ids = append(ids, strings.TrimPrefix(u, "http://"))
-	}
+	_, ids := startEmulatorConfig(t, emulator.ServerConfig{Replicas: 4, Speed: 50, Model: "qwen3-4b", Engine: engine})
 	traceRuns++
 	model := fmt.Sprintf("cc-trace-%d", traceRuns)
 	path := filepath.Join(t.TempDir(), "turns.jsonl")

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"unicode"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 )
@@ -517,4 +518,290 @@ func (r *recordingT) has(s string) bool {
 		}
 	}
 	return false
+}
+
+// TestREADMEShape: the README stays the short page a newcomer reads, with
+// a Caddyfile that works near its top.
+func TestREADMEShape(t *testing.T) {
+	t.Parallel()
+	readme := docPages(t)["../README.md"]
+	if n := strings.Count(readme, "\n"); n > 300 {
+		t.Errorf("README.md has %d lines; keep it at most 300 and move the rest to docs/", n)
+	}
+	first := 0
+	for _, f := range fences(readme) {
+		if f.info == "caddyfile" {
+			first = f.line
+			break
+		}
+	}
+	if first == 0 || first > 100 {
+		t.Errorf("README.md's first Caddyfile block starts at line %d; it belongs within the first 100", first)
+	}
+}
+
+// declaredMetrics returns the lm_warden_* series the package's code
+// declares: the names given to prometheus.NewDesc and the Name of the
+// histograms' options, read with go/parser.
+func declaredMetrics(t *testing.T) []string {
+	t.Helper()
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fset := token.NewFileSet()
+	var names []string
+	name := func(e ast.Expr) {
+		if lit, ok := e.(*ast.BasicLit); ok && lit.Kind == token.STRING {
+			if s, err := strconv.Unquote(lit.Value); err == nil && strings.HasPrefix(s, "lm_warden_") {
+				names = append(names, s)
+			}
+		}
+	}
+	for _, path := range files {
+		if strings.HasSuffix(path, "_test.go") {
+			continue
+		}
+		file, err := parser.ParseFile(fset, path, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ast.Inspect(file, func(n ast.Node) bool {
+			switch n := n.(type) {
+			case *ast.CallExpr:
+				if sel, ok := n.Fun.(*ast.SelectorExpr); ok && sel.Sel.Name == "NewDesc" && len(n.Args) > 0 {
+					name(n.Args[0])
+				}
+			case *ast.KeyValueExpr:
+				if id, ok := n.Key.(*ast.Ident); ok && id.Name == "Name" {
+					name(n.Value)
+				}
+			}
+			return true
+		})
+	}
+	if len(names) == 0 {
+		t.Fatal("no lm_warden_* series declared in the package")
+	}
+	return names
+}
+
+// TestREADMEMetricsMatchCollector: the README's table of counters names
+// every lm_warden_* series the module declares, and no series it does not.
+func TestREADMEMetricsMatchCollector(t *testing.T) {
+	t.Parallel()
+	readme := docPages(t)["../README.md"]
+	i := strings.Index(readme, "<!-- replica-counters:")
+	j := strings.Index(readme, "<!-- /replica-counters -->")
+	if i < 0 || j < i {
+		t.Fatal("README.md has no table of counters (<!-- replica-counters: … <!-- /replica-counters -->)")
+	}
+	var inTable []string
+	for _, m := range regexp.MustCompile("`(lm_warden_[a-z_]+)").FindAllStringSubmatch(readme[i:j], -1) {
+		inTable = append(inTable, m[1])
+	}
+	declared := declaredMetrics(t)
+	missing, _ := setDiff(declared, inTable)
+	for _, m := range missing {
+		t.Errorf("the module declares %s; the README's table of counters does not name it", m)
+	}
+	extra, _ := setDiff(inTable, declared)
+	for _, m := range extra {
+		t.Errorf("the README's table of counters names %s, which the module does not declare", m)
+	}
+}
+
+// headingAnchor is the anchor GitHub gives a Markdown heading: lower case,
+// punctuation but - and _ dropped, spaces as -.
+func headingAnchor(heading string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(strings.TrimSpace(heading)) {
+		switch {
+		case r == ' ':
+			b.WriteRune('-')
+		case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r):
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
+
+// prose returns the page's lines outside fenced code blocks, with inline
+// code spans blanked, by 1-based line number (0 for lines in a fence).
+func prose(page string) []string {
+	lines := strings.Split(page, "\n")
+	out := make([]string, len(lines))
+	inFence := false
+	code := regexp.MustCompile("`[^`]*`")
+	for i, line := range lines {
+		if strings.HasPrefix(strings.TrimSpace(line), "```") {
+			inFence = !inFence
+			continue
+		}
+		if !inFence {
+			out[i] = code.ReplaceAllString(line, "``")
+		}
+	}
+	return out
+}
+
+// anchors returns the anchors of a page's headings (a repeated heading's
+// later anchors get -1, -2 … as on GitHub).
+func anchors(page string) map[string]bool {
+	out := map[string]bool{}
+	for _, line := range prose(page) {
+		if !strings.HasPrefix(line, "#") {
+			continue
+		}
+		a := headingAnchor(strings.TrimLeft(line, "#"))
+		for n, try := 0, a; ; n++ {
+			if !out[try] {
+				out[try] = true
+				break
+			}
+			try = a + "-" + strconv.Itoa(n+1)
+		}
+	}
+	return out
+}
+
+// TestDocsLinksResolve: every relative link of README.md and docs/*.md
+// names a file that exists, and its #anchor a heading of that page.
+func TestDocsLinksResolve(t *testing.T) {
+	t.Parallel()
+	pages := docPages(t)
+	link := regexp.MustCompile(`\]\(([^)\s]+)\)`)
+	// Anchors of a heading hold backticked text whole; read them from the
+	// raw headings.
+	rawAnchors := map[string]map[string]bool{}
+	for path, page := range pages {
+		a := map[string]bool{}
+		for _, line := range strings.Split(page, "\n") {
+			if strings.HasPrefix(line, "#") && !strings.HasPrefix(line, "#!") {
+				a[headingAnchor(strings.TrimLeft(line, "#"))] = true
+			}
+		}
+		for k := range anchors(page) {
+			a[k] = true
+		}
+		rawAnchors[filepath.Clean(path)] = a
+	}
+	checked := 0
+	for _, path := range sortedKeys(pages) {
+		for n, line := range prose(pages[path]) {
+			for _, m := range link.FindAllStringSubmatch(line, -1) {
+				target := m[1]
+				if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+					continue
+				}
+				checked++
+				file, anchor, _ := strings.Cut(target, "#")
+				resolved := filepath.Clean(path)
+				if file != "" {
+					resolved = filepath.Join(filepath.Dir(path), file)
+					if _, err := os.Stat(resolved); err != nil {
+						t.Errorf("%s:%d: link %q: %v", path, n+1, target, err)
+						continue
+					}
+				}
+				if anchor == "" {
+					continue
+				}
+				a, ok := rawAnchors[resolved]
+				if !ok {
+					t.Errorf("%s:%d: link %q: an anchor into a page that is not README.md or docs/*.md", path, n+1, target)
+					continue
+				}
+				if !a[anchor] {
+					t.Errorf("%s:%d: link %q: %s has no heading with the anchor #%s", path, n+1, target, resolved, anchor)
+				}
+			}
+		}
+	}
+	if checked == 0 {
+		t.Fatal("no relative link found in README.md and docs/*.md")
+	}
+}
+
+// benchHeader matches a table header that names a measured figure.
+var benchHeader = regexp.MustCompile(`(?i)sessions|tok/min|ttfb|hits|req/s|allocations|benchmark|round \d`)
+
+// numericCell matches a cell that holds a figure.
+var numericCell = regexp.MustCompile(`^[*~≈±−-]*[0-9]`)
+
+// benchScripts are the scripts that print bench tables.
+const benchScripts = `scripts/(overhead|llmd-sim)`
+
+// benchCommand matches code that names the command that printed a table:
+// warden-bench, go run, go test, a script, vllm serve for the measurements
+// made on real engines, or warden-bench's subcommand alone.
+var benchCommand = regexp.MustCompile("`[^`]*(warden-bench|go run|go test|" + benchScripts + "|vllm serve)[^`]*`|`(sim|demo|run)( |`)")
+
+// benchCommandReach is how many lines above a bench table its command may
+// be: the command, or a bench table that carries it (the same run's next
+// table), within this many lines of the table, in the same section.
+const benchCommandReach = 12
+
+// TestDocsBenchTablesNameTheirCommand: a bench table of README.md or
+// docs/*.md (its header names a measured figure, or most of its cells are
+// figures) has the command that printed it in code within
+// benchCommandReach lines above it in its section, or follows, as close,
+// a bench table of the same section that has (docs/contributing.md).
+func TestDocsBenchTablesNameTheirCommand(t *testing.T) {
+	t.Parallel()
+	pages := docPages(t)
+	tables := 0
+	separator := regexp.MustCompile(`^\|[\s:|-]+\|$`)
+	fencedCommand := regexp.MustCompile(`warden-bench|go run|go test|` + benchScripts + `|vllm serve`)
+	for _, path := range sortedKeys(pages) {
+		lines := strings.Split(pages[path], "\n")
+		inFence := false
+		carrier := -1 // the last line in this section that names a command, or a named bench table's last line
+		for i := 0; i < len(lines); i++ {
+			line := lines[i]
+			switch {
+			case strings.HasPrefix(strings.TrimSpace(line), "```"):
+				inFence = !inFence
+				continue
+			case inFence:
+				if fencedCommand.MatchString(line) {
+					carrier = i
+				}
+				continue
+			case strings.HasPrefix(line, "#"):
+				carrier = -1
+				if benchCommand.MatchString(line) {
+					carrier = i
+				}
+				continue
+			case benchCommand.MatchString(line):
+				carrier = i
+			}
+			if !strings.HasPrefix(line, "|") || i+1 >= len(lines) || !separator.MatchString(lines[i+1]) {
+				continue
+			}
+			end := i + 2
+			cells, figures := 0, 0
+			for ; end < len(lines) && strings.HasPrefix(lines[end], "|"); end++ {
+				for _, c := range strings.Split(strings.Trim(lines[end], "|"), "|") {
+					cells++
+					if numericCell.MatchString(strings.TrimSpace(c)) {
+						figures++
+					}
+				}
+			}
+			if benchHeader.MatchString(line) || (cells > 0 && 2*figures >= cells) {
+				tables++
+				if carrier < 0 || i-carrier > benchCommandReach {
+					t.Errorf("%s:%d: a bench table with no command in code (`warden-bench …`, `go run …`, `go test …`, `scripts/…`) within %d lines above it in its section:\n%s", path, i+1, benchCommandReach, line)
+				} else {
+					carrier = end - 1
+				}
+			}
+			i = end - 1
+		}
+	}
+	if tables == 0 {
+		t.Fatal("no bench table found in README.md and docs/*.md")
+	}
 }

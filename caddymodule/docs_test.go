@@ -805,3 +805,28 @@ func TestDocsBenchTablesNameTheirCommand(t *testing.T) {
 		t.Fatal("no bench table found in README.md and docs/*.md")
 	}
 }
+
+// TestDocsStartWithTheirQuestion: every page of docs/ says first what it
+// answers: its title is a question, or the line under it is.
+func TestDocsStartWithTheirQuestion(t *testing.T) {
+	t.Parallel()
+	pages := docPages(t)
+	for _, path := range sortedKeys(pages) {
+		if filepath.Base(path) == "README.md" {
+			continue
+		}
+		var lines []string
+		for _, l := range strings.Split(pages[path], "\n") {
+			if strings.TrimSpace(l) != "" {
+				lines = append(lines, strings.TrimSpace(l))
+			}
+			if len(lines) == 2 {
+				break
+			}
+		}
+		asks := func(l string) bool { return strings.HasSuffix(strings.TrimRight(l, "*_"), "?") }
+		if len(lines) == 0 || !strings.HasPrefix(lines[0], "# ") || !(asks(lines[0]) || (len(lines) > 1 && asks(lines[1]))) {
+			t.Errorf("%s: start with the question the page answers (its title, or the line under it)", path)
+		}
+	}
+}

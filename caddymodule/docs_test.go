@@ -471,11 +471,21 @@ func TestREADMEOptionsTestFailsWithoutBullet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := strings.Replace(string(src), "\t\tcase \"body_keys\":", "\t\tcase \"new_handler_option\":\n\t\t\terr = nil\n\t\tcase \"body_keys\":", 1)
-	s = strings.Replace(s, "\t\tcase \"tls_server_name\":", "\t\tcase \"new_store_option\":\n\t\t\terr = nil\n\t\tcase \"tls_server_name\":", 1)
-	if s == string(src) {
-		t.Fatal("caddyfile.go no longer has the cases this test adds options beside")
+	// addCase puts a case for opt before the first case of the function
+	// declared by decl.
+	addCase := func(s, decl, opt string) string {
+		i := strings.Index(s, decl)
+		if i < 0 {
+			t.Fatalf("caddyfile.go no longer declares %q", decl)
+		}
+		j := strings.Index(s[i:], "\t\tcase \"")
+		if j < 0 {
+			t.Fatalf("caddyfile.go's %q has no case", decl)
+		}
+		return s[:i+j] + "\t\tcase \"" + opt + "\":\n\t\t\terr = nil\n" + s[i+j:]
 	}
+	s := addCase(string(src), "func (h *Handler) UnmarshalCaddyfile(", "new_handler_option")
+	s = addCase(s, "func (p *Policy) unmarshalStore(", "new_store_option")
 	rec := &recordingT{t: t}
 	testREADMEOptions(rec, s, docPages(t)["../README.md"])
 	for _, want := range []string{

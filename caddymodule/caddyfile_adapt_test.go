@@ -5,43 +5,57 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 )
 
-// TestCaddyfileAdaptsToSavedJSON adapts Caddyfile.example and the README's
-// Caddyfile snippets and compares the JSON with testdata/adapt/*.json, so a
-// change to the Caddyfile parser that changes what a configuration means
-// shows here. The snippets that are fragments stand in testdata/adapt inside
-// the smallest Caddyfile that holds them; the test checks that each README
-// snippet is still there, word for word.
+// savedSnippets names the pages whose Caddyfile blocks are also adapted to
+// saved JSON, by the prefix of their files in testdata/adapt: block N of a
+// page stands in <prefix>N.Caddyfile (a fragment inside the smallest
+// Caddyfile that holds it) beside <prefix>N.json.
+var savedSnippets = []struct{ page, prefix string }{
+	{"../README.md", "readme"},
+	{"../docs/failures.md", "failures"},
+	{"../docs/front-ends.md", "front-ends"},
+}
+
+// TestCaddyfileAdaptsToSavedJSON adapts Caddyfile.example and the
+// Caddyfile blocks of the README, docs/failures.md and docs/front-ends.md
+// and compares the JSON with testdata/adapt/*.json, so a change to the
+// Caddyfile parser that changes what a configuration means shows here. The
+// test checks that each block is still in its testdata file, word for word.
+// (TestDocsCaddyfilesAdapt checks that every block of every page adapts.)
 func TestCaddyfileAdaptsToSavedJSON(t *testing.T) {
 	t.Parallel()
-	readme, err := os.ReadFile("../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	snippets := regexp.MustCompile("(?s)```caddyfile\n(.*?)```").FindAllSubmatch(readme, -1)
 	cases := map[string]string{"../Caddyfile.example": "testdata/adapt/Caddyfile.example.json"}
-	for i := range snippets {
-		name := filepath.Join("testdata/adapt", "readme"+string(rune('1'+i)))
-		cases[name+".Caddyfile"] = name + ".json"
-	}
-	if len(snippets) != 3 {
-		t.Errorf("README has %d caddyfile snippets, testdata/adapt holds 3: add or remove readmeN.Caddyfile and its JSON", len(snippets))
-	}
 	words := func(b []byte) string { return strings.Join(strings.Fields(string(b)), " ") }
-	for i, s := range snippets {
-		path := filepath.Join("testdata/adapt", "readme"+string(rune('1'+i))+".Caddyfile")
-		body, err := os.ReadFile(path)
+	for _, src := range savedSnippets {
+		page, err := os.ReadFile(src.page)
 		if err != nil {
-			t.Errorf("README snippet %d: %v", i+1, err)
-			continue
+			t.Fatal(err)
 		}
-		if !strings.Contains(words(body), words(s[1])) {
-			t.Errorf("%s no longer holds README snippet %d:\n%s", path, i+1, s[1])
+		snippets := regexp.MustCompile("(?s)```caddyfile\n(.*?)```").FindAllSubmatch(page, -1)
+		saved, err := filepath.Glob(filepath.Join("testdata/adapt", src.prefix+"[0-9]*.Caddyfile"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(snippets) != len(saved) {
+			t.Errorf("%s has %d caddyfile blocks, testdata/adapt holds %d %sN.Caddyfile: add or remove one and its JSON", src.page, len(snippets), len(saved), src.prefix)
+		}
+		for i, s := range snippets {
+			name := filepath.Join("testdata/adapt", src.prefix+strconv.Itoa(i+1))
+			cases[name+".Caddyfile"] = name + ".json"
+			body, err := os.ReadFile(name + ".Caddyfile")
+			if err != nil {
+				t.Errorf("%s block %d: %v", src.page, i+1, err)
+				continue
+			}
+			if !strings.Contains(words(body), words(s[1])) {
+				t.Errorf("%s.Caddyfile no longer holds %s block %d:\n%s", name, src.page, i+1, s[1])
+			}
 		}
 	}
 	adapter := caddyconfig.GetAdapter("caddyfile")

@@ -14,15 +14,17 @@ import (
 var updateREADME = flag.Bool("update-readme", false, "rewrite the README's table of the replica table's counters")
 
 const (
-	readmeCountersBegin = "<!-- replica-counters: written from the card's column list by `go test ./internal/card -run TestREADMECounters -update-readme` -->\n"
+	readmeCountersBegin = "<!-- replica-counters: written from the card's column list by `go test ./internal/card -run TestREADMECounters -update-readme`; the Prometheus rows after them are written by hand -->\n"
 	readmeCountersEnd   = "<!-- /replica-counters -->\n"
 )
 
-// readmeCounters is the README's table of the replica table's columns, in
-// the page's order, and of the counters the JSON has without a column.
+// readmeCounters is the head of the README's table of counters: the replica
+// table's columns, in the page's order, and the counters the JSON has
+// without a column. The table goes on with the Prometheus series, rows
+// written by hand whose where cell is Prometheus.
 func readmeCounters() string {
 	var b strings.Builder
-	b.WriteString("| column | where | meaning |\n|---|---|---|\n")
+	b.WriteString("| counter | where | meaning |\n|---|---|---|\n")
 	inColumns := map[string]bool{}
 	for _, c := range uiReplicaColumns {
 		inColumns[c.Key] = true
@@ -42,9 +44,26 @@ func readmeCounters() string {
 	return b.String()
 }
 
+// generatedRows splits the README's table of counters into the rows
+// written from the column list (the header, then every row whose where cell
+// is card or JSON) and the rows after them.
+func generatedRows(table string) (generated, rest string) {
+	lines := strings.SplitAfter(table, "\n")
+	n := 0
+	for n < len(lines) {
+		cells := strings.Split(lines[n], "|")
+		if n >= 2 && (len(cells) < 4 || (strings.TrimSpace(cells[2]) != "card" && strings.TrimSpace(cells[2]) != "JSON")) {
+			break
+		}
+		n++
+	}
+	return strings.Join(lines[:n], ""), strings.Join(lines[n:], "")
+}
+
 // TestREADMECounters checks the README's table of the replica table's
 // counters against the column list and placement.Counters; with
-// -update-readme it rewrites the table.
+// -update-readme it rewrites those rows, keeping the Prometheus rows that
+// follow them. Every row after the generated ones must be a Prometheus row.
 func TestREADMECounters(t *testing.T) {
 	t.Parallel()
 	raw, err := os.ReadFile("../../README.md")
@@ -57,12 +76,18 @@ func TestREADMECounters(t *testing.T) {
 	if i < 0 || j < i {
 		t.Fatalf("README.md has no %q … %q block", readmeCountersBegin, readmeCountersEnd)
 	}
-	got, want := readme[i+len(readmeCountersBegin):j], readmeCounters()
+	got, rest := generatedRows(readme[i+len(readmeCountersBegin) : j])
+	for _, line := range strings.SplitAfter(rest, "\n") {
+		if cells := strings.Split(line, "|"); line != "" && (len(cells) < 4 || strings.TrimSpace(cells[2]) != "Prometheus") {
+			t.Errorf("README.md's table of counters: a row after the generated ones is not a Prometheus row: %q", line)
+		}
+	}
+	want := readmeCounters()
 	if got == want {
 		return
 	}
 	if *updateREADME {
-		if err := os.WriteFile("../../README.md", []byte(readme[:i+len(readmeCountersBegin)]+want+readme[j:]), 0o644); err != nil {
+		if err := os.WriteFile("../../README.md", []byte(readme[:i+len(readmeCountersBegin)]+want+rest+readme[j:]), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		return

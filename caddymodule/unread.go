@@ -24,18 +24,23 @@ import (
 // Go's HTTP/1 server notices that a client closed its connection (and
 // cancels the request's context) only once the handler has read the
 // request body to its end: until then the connection's bytes are the
-// body's, and nobody reads them. The handler reads bodies up to
-// streamOver (1 MiB) in full; of a larger one whose key came from a header
-// it reads only the start (the rest is streamed to the replica), so a
-// client that gave up while its request was held for admission would go
-// unnoticed until admit_wait passed, and its request would then reach an
-// engine. So a new conversation under admission is placed or queued only
-// once its whole body has been read (up to max_body, into the request's
-// replay buffer, which the proxy then sends): from then on the server
-// watches the connection, and a client that leaves takes its request out
-// of the queue at once. Over streamOver, only first requests of
-// conversations under admission pay for the copy; turns of bound
-// conversations keep streaming their bodies.
+// body's, and nobody reads them. The handler reads inference bodies up to
+// streamOver (1 MiB) in full before the proxy runs; of a larger one whose
+// key came from a header it reads only the start (the rest is streamed to
+// the replica), so a client that gave up while its request was held for
+// admission would go unnoticed until admit_wait passed, and its request
+// would then reach an engine. So the policy routes such a body only when
+// its conversation is bound or admission is not in force; otherwise it
+// chooses no upstream and asks for the body (routeState.wantBody), and the
+// handler reads the rest (up to max_body, into the request's replay
+// buffer, which the proxy then sends) and runs the proxy again: the
+// request is placed or queued only once its whole body has arrived, and
+// from then on the server watches the connection, so a client that leaves
+// takes its request out of the queue at once. Over streamOver, only first
+// requests of conversations under admission pay for the copy; turns of
+// bound conversations keep streaming their bodies, but for a turn whose
+// conversation's start (restart detection) was not in the part the
+// handler read (noStart): the policy asks for the rest of that one too.
 
 // bodyTimeout is how long a client has to send the part of its body the
 // handler reads (all of it up to streamOver, and all of a new
@@ -101,26 +106,22 @@ func bodyTooBig(maxBody int64) error {
 // unread reports whether the request's body may still have bytes the
 // handler did not read.
 func (st *routeState) unread(r *http.Request) bool {
-	return st.rb.b == nil && st.bodyErr == nil && r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0
+	return st.rb.b == nil && r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0
 }
 
 // readRest reads the rest of the request's body into its replay buffer
-// under bodyTimeout (see above). On failure it records in st.bodyErr how
-// the request is to be answered: 413 over max_body, 408 past the deadline,
-// 400 for a body that ended early (the client left).
-func (st *routeState) readRest(w http.ResponseWriter, r *http.Request) error {
-	maxBody := st.maxBody
-	if maxBody <= 0 {
-		maxBody = DefaultMaxBody
-	}
+// under bodyTimeout (see above), for the policy that asked for it. A
+// failure is a caddyhttp.HandlerError to answer: 413 over max_body, 408
+// past the deadline, 400 for a body that ended early (the client left).
+func (h *Handler) readRest(w http.ResponseWriter, r *http.Request, st *routeState) error {
 	rc := bodyDeadline(w)
-	_, tooBig, err := readWhole(r, maxBody, &st.rb)
+	_, tooBig, err := readWhole(r, h.MaxBody, &st.rb)
 	clearBodyDeadline(rc)
 	switch {
 	case tooBig:
-		st.bodyErr = bodyTooBig(maxBody)
+		return bodyTooBig(h.MaxBody)
 	case err != nil:
-		st.bodyErr = bodyReadError(err)
+		return bodyReadError(err)
 	}
-	return st.bodyErr
+	return nil
 }

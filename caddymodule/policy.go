@@ -627,6 +627,11 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 	held := st.held
 	if held != nil {
 		// held by admission: the router's decision, once it has made it
+		if r.Context().Err() != nil {
+			// the client left while the proxy retried (lb_try_duration)
+			held.cancel(time.Now())
+			return nil
+		}
 		if held.m != p.m || !held.ready(time.Now()) {
 			return nil
 		}

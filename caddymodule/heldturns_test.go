@@ -1,0 +1,257 @@
+package caddymodule
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// goroutineDump is the text of every goroutine's stack (the "goroutine"
+// profile at debug=2), one stack per element.
+func goroutineDump(t *testing.T) []string {
+	t.Helper()
+	var buf bytes.Buffer
+	if err := pprof.Lookup("goroutine").WriteTo(&buf, 2); err != nil {
+		t.Fatal(err)
+	}
+	return strings.Split(buf.String(), "\n\n")
+}
+
+// stacksIn counts the stacks of dump that hold a frame of one of funcs.
+func stacksIn(dump []string, funcs ...string) int {
+	n := 0
+	for _, g := range dump {
+		for _, f := range funcs {
+			if strings.Contains(g, f+"(") {
+				n++
+				break
+			}
+		}
+	}
+	return n
+}
+
+const (
+	frameProxy     = "github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy.(*Handler).ServeHTTP"
+	frameProxyLoop = "github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy.(*Handler).proxyLoopIteration"
+	frameSelect    = "github.com/lmwarden/caddy-lmwarden/caddymodule.(*Policy).Select"
+	frameHeldWait  = "github.com/lmwarden/caddy-lmwarden/caddymodule.(*heldTurn).wait"
+	frameHandler   = "github.com/lmwarden/caddy-lmwarden/caddymodule.(*Handler).ServeHTTP"
+)
+
+// TestThousandHeldTurnsWaitInTheHandler: 1,000 new conversations held by
+// admission wait in the lm_warden handler, not in reverse_proxy nor in the
+// policy's Select: a goroutine dump taken while they wait finds each in
+// the handler's wait and none in the proxy but the long turn that keeps
+// the replica busy. Room made by a reload (a larger kv_tokens) lets them
+// all through, answered 200 with the wait header, and no goroutine is
+// left.
+func TestThousandHeldTurnsWaitInTheHandler(t *testing.T) {
+	const mdl, total = "held-1000", 1000
+	emu, dial := admissionSite(t, mdl, "", "")
+	if r := sendTurn(t, "/v1/messages", bigTurn("A"), session("A")); r.status != 200 {
+		t.Fatalf("A: %d %s", r.status, r.body)
+	}
+	done := occupy(t, emu, mdl, "A")
+	defer done()
+
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: total}}
+	baseline := settledGoroutines(client)
+	type answer struct {
+		status int
+		wait   string
+		err    error
+	}
+	answers := make(chan answer, total)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var wg sync.WaitGroup
+	sent := time.Now()
+	for i := range total {
+		id := fmt.Sprint("held-1000-", i)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, siteURL+"/v1/messages", strings.NewReader(bigTurn(id)))
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("X-Claude-Code-Session-Id", id)
+			resp, err := client.Do(req)
+			if err != nil {
+				answers <- answer{err: err}
+				return
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			answers <- answer{status: resp.StatusCode, wait: resp.Header.Get(WaitHeader)}
+		}()
+	}
+	waitLong(t, "all held", time.Minute, func() bool { return waitingNow(t, mdl) == total })
+	heldIn := time.Since(sent)
+
+	dumpStart := time.Now()
+	dump := goroutineDump(t)
+	dumpTook := time.Since(dumpStart)
+	handler := stacksIn(dump, frameHandler)
+	waiting := stacksIn(dump, frameHeldWait)
+	proxy := stacksIn(dump, frameProxy, frameProxyLoop)
+	selecting := stacksIn(dump, frameSelect)
+	t.Logf("%d held in %v; dump of %d goroutines in %v: %d in the handler, %d in its wait, %d in reverse_proxy, %d in Select",
+		total, heldIn.Round(time.Millisecond), len(dump), dumpTook.Round(time.Millisecond), handler, waiting, proxy, selecting)
+	if waiting != total {
+		t.Errorf("%d goroutines in the handler's wait, want %d", waiting, total)
+	}
+	if selecting != 0 {
+		t.Errorf("%d goroutines in Policy.Select, want 0", selecting)
+	}
+	// the long turn that keeps the replica busy is proxied, nothing else
+	if inFlight := getCard(t, mdl).InFlight; proxy != inFlight || proxy > 1 {
+		t.Errorf("%d goroutines in reverse_proxy, want the %d turn(s) at the engine", proxy, inFlight)
+	}
+
+	// room for all: every held turn is admitted and answered
+	loadSite(t, strings.Replace(admissionConfig(dial, mdl, "", ""), "kv_tokens 3000", "kv_tokens 100000000", 1))
+	_ = emu.SetSlow(0, 1)
+	wg.Wait()
+	close(answers)
+	var ok, refused int
+	for a := range answers {
+		switch {
+		case a.err != nil:
+			t.Errorf("a held turn failed: %v", a.err)
+		case a.status == http.StatusOK:
+			ok++
+			if w, err := strconv.ParseFloat(a.wait, 64); err != nil || w <= 0 {
+				t.Errorf("a held turn answered with %s %q", WaitHeader, a.wait)
+			}
+		case a.status == http.StatusTooManyRequests:
+			refused++
+		default:
+			t.Errorf("a held turn answered %d", a.status)
+		}
+	}
+	if ok != total || refused != 0 {
+		t.Errorf("%d answered 200, %d refused; want %d, 0 (admit_queue 1024)", ok, refused, total)
+	}
+	adm := getCard(t, mdl).Admission
+	if adm.Queued < total || adm.Cancelled != 0 || adm.Waiting != 0 {
+		t.Errorf("admission: queued %d, cancelled %d, waiting %d; want ≥ %d, 0, 0", adm.Queued, adm.Cancelled, adm.Waiting, total)
+	}
+	var after int
+	waitLong(t, "goroutines to settle", 10*time.Second, func() bool {
+		after = settledGoroutines(client)
+		return after <= baseline+10
+	})
+	t.Logf("all %d answered 200 %v after they were sent; goroutines %d → %d", total, time.Since(sent).Round(time.Millisecond), baseline, after)
+}
+
+// TestHeldTurnOutlastsTryDuration: with lb_try_duration 1s, a turn
+// admission holds is served after its wait, however long: 3 s here
+// (admit_wait, then placed anyway), and 0.5 s, where the proxy's own
+// retry loop finds the decision made and takes it.
+func TestHeldTurnOutlastsTryDuration(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		wait time.Duration
+	}{
+		{"wait 3s", 3 * time.Second},
+		{"wait 0.5s", 500 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			mdl := "held-try-" + strings.Fields(tc.name)[1]
+			emu, _ := admissionSite(t, mdl, "admit_wait "+tc.wait.String(), "lb_try_duration 1s")
+			if r := sendTurn(t, "/v1/messages", bigTurn("A"), session("A")); r.status != 200 {
+				t.Fatalf("A: %d %s", r.status, r.body)
+			}
+			done := occupy(t, emu, mdl, "A")
+			res := postAsync(context.Background(), "/v1/messages", bigTurn("B"), session("B"))
+			// B waits its admit_wait and is placed anyway, on the busy
+			// replica: the engine may speed up then
+			waitLong(t, "B placed at its wait limit", time.Minute, func() bool {
+				return getCard(t, mdl).Admission.AdmittedAtLimit == 1
+			})
+			done()
+			var r turnResult
+			select {
+			case r = <-res:
+			case <-time.After(30 * time.Second):
+				t.Fatal("B not answered 30 s after it was placed")
+			}
+			waited, err := strconv.ParseFloat(r.header.Get(WaitHeader), 64)
+			if r.status != 200 || err != nil || waited < tc.wait.Seconds()-0.05 {
+				t.Fatalf("B: %d, waited %q (want ≥ %v) %s", r.status, r.header.Get(WaitHeader), tc.wait, r.body)
+			}
+			if r.reason != "placed" {
+				t.Errorf("B's route %q, want placed", r.reason)
+			}
+			t.Logf("B answered %d after a wait of %.3f s (admit_wait %v, lb_try_duration 1s)", r.status, waited, tc.wait)
+		})
+	}
+}
+
+// TestHeldClientGivesUp: a client that gives up while its turn is held
+// takes its ticket out of the queue (counted as cancelled), its turn never
+// reaches the engine, and its goroutines end; also when it leaves while
+// the proxy retries (lb_try_duration), which Select notices.
+func TestHeldClientGivesUp(t *testing.T) {
+	for _, tc := range []struct{ name, proxy string }{
+		{"plain", ""},
+		{"lb_try_duration", "lb_try_duration 3s"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			mdl := "held-gone-" + strings.ReplaceAll(tc.name, "_", "-")
+			emu, dial := admissionSite(t, mdl, "", tc.proxy)
+			if r := sendTurn(t, "/v1/messages", bigTurn("A"), session("A")); r.status != 200 {
+				t.Fatalf("A: %d %s", r.status, r.body)
+			}
+			done := occupy(t, emu, mdl, "A")
+			defer done()
+			emuURL := "http://" + dial
+			reached := engineRequests(t, emuURL)
+			client := &http.Client{Transport: &http.Transport{}}
+			baseline := settledGoroutines(client)
+
+			ctx, cancel := context.WithCancel(context.Background())
+			errc := make(chan error, 1)
+			go func() {
+				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, siteURL+"/v1/messages", strings.NewReader(bigTurn("B")))
+				req.Header.Set("Content-Type", "application/json")
+				req.Header.Set("X-Claude-Code-Session-Id", "B")
+				resp, err := client.Do(req)
+				if err == nil {
+					resp.Body.Close()
+					err = fmt.Errorf("answered %d", resp.StatusCode)
+				}
+				errc <- err
+			}()
+			waitFor(t, "B held", func() bool { return waitingNow(t, mdl) == 1 })
+			cancel()
+			if err := <-errc; !strings.Contains(err.Error(), "context canceled") {
+				t.Fatalf("B: %v, want its client's cancellation", err)
+			}
+			waitFor(t, "B's ticket cancelled", func() bool {
+				a := getCard(t, mdl).Admission
+				return a.Waiting == 0 && a.Cancelled == 1
+			})
+			var after int
+			waitLong(t, "goroutines to settle", 10*time.Second, func() bool {
+				after = settledGoroutines(client)
+				return after <= baseline+5
+			})
+			if got := engineRequests(t, emuURL); got != reached {
+				t.Errorf("%v requests reached the engine after B was sent, want 0", got-reached)
+			}
+			if a := getCard(t, mdl).Admission; a.AdmittedAfterWait+a.AdmittedAtLimit != 0 {
+				t.Errorf("B admitted after its client left: %+v", a)
+			}
+			t.Logf("goroutines %d → %d", baseline, after)
+		})
+	}
+}

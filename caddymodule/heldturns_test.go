@@ -255,3 +255,61 @@ func TestHeldClientGivesUp(t *testing.T) {
 		})
 	}
 }
+
+// TestHeldTurnWithoutTheHandler: the policy without the lm_warden handler
+// in front never waits either. A turn admission holds gets 503 at once,
+// its ticket cancelled with the request; with lb_try_duration longer than
+// its wait, the proxy's own retries find the decision made and serve it.
+func TestHeldTurnWithoutTheHandler(t *testing.T) {
+	for _, tc := range []struct {
+		name, policy, proxy string
+		status              int
+	}{
+		{"no retries", "", "", http.StatusServiceUnavailable},
+		{"lb_try_duration", "admit_wait 500ms", "lb_try_duration 5s", http.StatusOK},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			mdl := "held-alone-" + strings.Fields(tc.name)[0]
+			emu, dials := startEmulator(t, 1, 50)
+			// the site without its lm_warden handler line
+			cfg := admissionConfig(dials[0], mdl, tc.policy, tc.proxy)
+			if !strings.Contains(cfg, "\tlm_warden\n") {
+				t.Fatal("no lm_warden handler line to take out of the site")
+			}
+			cfg = strings.Replace(cfg, "\tlm_warden\n", "", 1)
+			loadSite(t, cfg)
+			waitFor(t, "admission in force", func() bool { return getCard(t, mdl).Admission.Active })
+			if r := sendTurn(t, "/v1/messages", bigTurn("A"), session("A")); r.status != 200 {
+				t.Fatalf("A: %d %s", r.status, r.body)
+			}
+			done := occupy(t, emu, mdl, "A")
+			res := postAsync(context.Background(), "/v1/messages", bigTurn("B"), session("B"))
+			var r turnResult
+			if tc.status == http.StatusOK {
+				waitLong(t, "B placed at its wait limit", time.Minute, func() bool {
+					return getCard(t, mdl).Admission.AdmittedAtLimit == 1
+				})
+				done()
+				r = <-res
+			} else {
+				r = <-res
+				done()
+			}
+			if r.status != tc.status {
+				t.Fatalf("B: %d %s, want %d", r.status, r.body, tc.status)
+			}
+			a := getCard(t, mdl).Admission
+			if tc.status == http.StatusOK {
+				if w, err := strconv.ParseFloat(r.header.Get(WaitHeader), 64); err != nil || w < 0.45 {
+					t.Errorf("B's wait header %q, want ≥ 0.5", r.header.Get(WaitHeader))
+				}
+			} else {
+				waitFor(t, "B's ticket cancelled", func() bool {
+					a = getCard(t, mdl).Admission
+					return a.Waiting == 0 && a.Cancelled == 1
+				})
+			}
+			t.Logf("B: %d, wait %q; queued %d, cancelled %d, admitted at the limit %d", r.status, r.header.Get(WaitHeader), a.Queued, a.Cancelled, a.AdmittedAtLimit)
+		})
+	}
+}

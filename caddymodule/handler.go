@@ -292,6 +292,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if err != nil {
 		return h.fail(w, r, st, err)
 	}
+	if st.unread(r) && isInference(r) {
+		// streamed: kept as read until the policy routes it
+		st.streamed = &keptBody{body: r.Body, keep: true}
+		r.Body = st.streamed
+	}
 	if vars := requestVars(r); vars != nil {
 		vars[VarSession] = st.key
 		vars[VarModel] = model
@@ -377,6 +382,15 @@ func (h *Handler) hold(rw *responseWatcher, r *http.Request, st *routeState, err
 				// decided, yet the proxy did not take it (another
 				// model's policy ran): nothing more to wait for
 				return err, false
+			}
+			if st.streamed != nil {
+				// a held turn's streamed body (a paused conversation's):
+				// read in full, so that its client leaving is noticed
+				// and the proxy's next run sends it whole
+				if berr := h.readRest(rw, r, st); berr != nil {
+					ht.cancel(time.Now())
+					return h.fail(rw, r, st, berr), true
+				}
 			}
 			if ht.wait(r.Context()) != nil {
 				// the client left (the ticket is cancelled), or no

@@ -313,3 +313,30 @@ func TestHeldTurnWithoutTheHandler(t *testing.T) {
 		})
 	}
 }
+
+// TestStreamedBodyReadAfterRequestBuffers: reverse_proxy's request_buffers
+// reads the start of the body before the policy runs. A new conversation
+// over streamOver (its key in a header, its body streamed) whose policy
+// asks the handler for the whole body still reaches the engine whole, and
+// so do the turns of the bound conversation whose start lies beyond the
+// handler's peek: read in full, their start tells a turn (sticky) from a
+// side request.
+func TestStreamedBodyReadAfterRequestBuffers(t *testing.T) {
+	const mdl = "held-buffers"
+	_, _ = admissionSite(t, mdl, "bytes_per_token 64", "request_buffers 64k")
+	for i, tc := range []struct{ text, reason string }{
+		{"hello", "placed"},
+		{"hello", "sticky"},
+		{"a title for this session", "side"},
+	} {
+		// over streamOver in JSON whitespace: few tokens for the engine,
+		// and the conversation's start beyond the handler's peek
+		body := `{"model":"qwen3-4b","max_tokens":8,"stream":false,` + strings.Repeat(" ", streamOver+256<<10) +
+			`"messages":[{"role":"user","content":"big: ` + tc.text + `"}]}`
+		r := sendTurn(t, "/v1/messages", body, session("big"))
+		if r.status != 200 || r.reason != tc.reason {
+			t.Fatalf("request %d: %d %s %s, want 200 %s", i, r.status, r.reason, r.body, tc.reason)
+		}
+		t.Logf("request %d (%d bytes): %d %s", i, len(body), r.status, r.reason)
+	}
+}

@@ -642,10 +642,10 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 			return nil
 		}
 	} else {
-		if !st.detached && st.unread(r) && p.wantsBody(st) {
-			// a body the handler streams (over streamOver) that routing
-			// needs whole: the handler reads the rest and runs the proxy
-			// again (unread.go)
+		if st.streamed != nil && p.wantsBody(st) {
+			// a body the handler streams (over streamOver), not sent
+			// yet, that routing needs whole: the handler reads the rest
+			// and runs the proxy again (unread.go)
 			st.wantBody = true
 			return nil
 		}
@@ -678,6 +678,10 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 		r.Header.Set(RankHeader, p.ranks[at.rank])
 	}
 	st.routedTo(r, dec, p.m)
+	if st.streamed != nil {
+		st.streamed.routed()
+		st.streamed = nil
+	}
 	reason := int(dec.Reason)
 	if reason >= numReasons {
 		reason = 0

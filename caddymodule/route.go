@@ -29,6 +29,7 @@ type routeState struct {
 	held        *heldTurn  // the request's admission ticket, from the policy (admission.go)
 	wantBody    bool       // the policy asks for the whole body before it routes (unread.go)
 	noStart     bool       // the body streams and its start was not in the part read (unread.go)
+	streamed    *keptBody  // the body while streamed and not yet routed (unread.go)
 	ntried      int
 	tried       [4]string // replicas chosen for this request so far
 	extra       []string  // more of them, past len(tried)

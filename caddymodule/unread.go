@@ -1,8 +1,10 @@
 package caddymodule
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"sync/atomic"
@@ -114,6 +116,11 @@ func (st *routeState) unread(r *http.Request) bool {
 // failure is a caddyhttp.HandlerError to answer: 413 over max_body, 408
 // past the deadline, 400 for a body that ended early (the client left).
 func (h *Handler) readRest(w http.ResponseWriter, r *http.Request, st *routeState) error {
+	if st.streamed != nil {
+		// from its first byte: the proxy may have read its start
+		// (request_buffers)
+		r.Body, st.streamed = st.streamed.rewound(), nil
+	}
 	rc := bodyDeadline(w)
 	_, tooBig, err := readWhole(r, h.MaxBody, &st.rb)
 	clearBodyDeadline(rc)
@@ -124,4 +131,47 @@ func (h *Handler) readRest(w http.ResponseWriter, r *http.Request, st *routeStat
 		return bodyReadError(err)
 	}
 	return nil
+}
+
+// keptBody is a body the handler streams (not read in full: over
+// streamOver, or not JSON) while the policy may still ask for it whole:
+// until the policy routes the request, what is read of it is also kept.
+// reverse_proxy's request_buffers reads the body's start before the policy
+// runs; when the policy asks for the whole body (wantBody), or admission
+// holds the request, the handler reads it again from its first byte
+// (rewound).
+type keptBody struct {
+	body io.ReadCloser
+	keep bool // keep what is read in kept
+	kept []byte
+}
+
+func (kb *keptBody) Read(p []byte) (int, error) {
+	n, err := kb.body.Read(p)
+	if kb.keep {
+		kb.kept = append(kb.kept, p[:n]...)
+	}
+	return n, err
+}
+
+func (kb *keptBody) Close() error { return kb.body.Close() }
+
+// routed ends the keeping: the request goes to a replica with the body as
+// read so far.
+func (kb *keptBody) routed() {
+	kb.keep, kb.kept = false, nil
+}
+
+// rewound returns the body from its first byte: what was read of it
+// (kept), then the rest.
+func (kb *keptBody) rewound() io.ReadCloser {
+	kept := kb.kept
+	kb.routed()
+	if len(kept) == 0 {
+		return kb
+	}
+	return struct {
+		io.Reader
+		io.Closer
+	}{io.MultiReader(bytes.NewReader(kept), kb), kb}
 }

@@ -319,7 +319,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	err = next.ServeHTTP(rw, r)
 	if !rw.wroteHeader && (st.held != nil || st.wantBody) {
 		var answered bool
-		if err, answered = h.hold(rw, r, st, err, next); answered {
+		if answered, err = h.hold(rw, r, st, err, next); answered {
 			return err
 		}
 	}
@@ -363,15 +363,15 @@ const maxHolds = 4
 // waits inside the proxy, so lb_try_duration does not bound the wait. It
 // returns the last run's error, or the answer to a body that failed
 // (answered true).
-func (h *Handler) hold(rw *responseWatcher, r *http.Request, st *routeState, err error, next caddyhttp.Handler) (error, bool) {
+func (h *Handler) hold(rw *responseWatcher, r *http.Request, st *routeState, err error, next caddyhttp.Handler) (answered bool, _ error) {
 	for range maxHolds {
 		switch ht := st.held; {
 		case rw.wroteHeader:
-			return err, false
+			return false, err
 		case st.wantBody:
 			st.wantBody = false
 			if berr := h.readRest(rw, r, st); berr != nil {
-				return h.fail(rw, r, st, berr), true
+				return true, h.fail(rw, r, st, berr)
 			}
 			if st.noStart {
 				st.noStart = false
@@ -381,7 +381,7 @@ func (h *Handler) hold(rw *responseWatcher, r *http.Request, st *routeState, err
 			if ht.state.Load() != heldWaiting {
 				// decided, yet the proxy did not take it (another
 				// model's policy ran): nothing more to wait for
-				return err, false
+				return false, err
 			}
 			if st.streamed != nil {
 				// a held turn's streamed body (a paused conversation's):
@@ -389,23 +389,23 @@ func (h *Handler) hold(rw *responseWatcher, r *http.Request, st *routeState, err
 				// and the proxy's next run sends it whole
 				if berr := h.readRest(rw, r, st); berr != nil {
 					ht.cancel(time.Now())
-					return h.fail(rw, r, st, berr), true
+					return true, h.fail(rw, r, st, berr)
 				}
 			}
 			if ht.wait(r.Context()) != nil {
 				// the client left (the ticket is cancelled), or no
 				// replica is left: answered as the proxy's 503
-				return err, false
+				return false, err
 			}
 			if st.rb.b != nil {
 				st.rb.rewind()
 			}
 		default:
-			return err, false
+			return false, err
 		}
 		err = next.ServeHTTP(rw, r)
 	}
-	return err, false
+	return false, err
 }
 
 // readKeys reads from the body what the request's routing needs and the

@@ -317,13 +317,17 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		r = st.withTrace(r)
 	}
 	err = next.ServeHTTP(rw, r)
-	if !rw.wroteHeader && (st.held != nil || st.wantBody) {
-		var answered bool
-		if answered, err = h.hold(rw, r, st, err, next); answered {
-			return err
+	for {
+		if !rw.wroteHeader && (st.held != nil || st.wantBody) {
+			// the policy chose no upstream yet (a replay's run too)
+			var answered bool
+			if answered, err = h.hold(rw, r, st, err, next); answered {
+				return err
+			}
 		}
-	}
-	for st.replays < maxReplays && st.replayable(rw, r, err) {
+		if st.replays >= maxReplays || !st.replayable(rw, r, err) {
+			break
+		}
 		st.replay()
 		err = next.ServeHTTP(rw, r)
 	}

@@ -1,7 +1,7 @@
 package caddymodule
 
-// Admission on the Caddy side: a held request waits for its ticket, a
-// refused one gets 429 with a Retry-After, and the operator is told when
+// Admission on the Caddy side: a held request waits for its ticket in the
+// handler, a refused one gets 429 with a Retry-After, and the operator is told when
 // the active conversations outgrow the caches. The router decides
 // (placement); the metrics are in metrics.go.
 
@@ -11,6 +11,7 @@ import (
 	"math"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -20,45 +21,143 @@ import (
 	"github.com/lmwarden/caddy-lmwarden/placement"
 )
 
-// await holds a new conversation's first request until the router admits
-// it, its deadline (admit_wait) passes, or its client goes away, and
-// returns how long it held it. Nothing is left behind: the timer is
-// stopped, and a ticket admitted while its client left gives its slot back.
-func (m *modelState) await(ctx context.Context, tk *placement.Ticket) (placement.Decision, time.Duration, error) {
-	start := time.Now()
-	qid := m.queue.enter(start)
-	timer := time.NewTimer(time.Until(tk.Deadline()))
-	defer timer.Stop()
-	outcome := "admitted"
-	select {
-	case <-tk.Ready():
-	case <-timer.C:
-		tk.Force(time.Now())
-		<-tk.Ready()
-	case <-ctx.Done():
-		if !tk.Cancel() {
-			// admitted as the client left
-			if d, err := tk.Decision(); err == nil {
-				d.Release()
-			}
-		}
-		outcome = "cancelled"
+// heldTurn is a request that admission holds: the ticket the router gave
+// the policy, kept in the request's routeState. The policy never waits on
+// it: while the ticket waits it chooses no upstream, and the handler holds
+// the request (wait) and then runs the proxy again, whose policy takes the
+// decision the router made (settle) and maps it to its upstream. Nothing
+// is left behind: a ticket whose client left is cancelled, and a decision
+// nobody used gives its slot back (drop).
+type heldTurn struct {
+	m     *modelState
+	tk    *placement.Ticket
+	req   placement.Request // as routed, for admitted
+	start time.Time
+	qid   uint64        // in m.queue
+	state atomic.Uint32 // heldWaiting, heldSettled or heldCancelled
+	// what settle took; read and written in the request's goroutine only
+	dec    placement.Decision
+	err    error
+	waited time.Duration
+	used   bool // the policy routed to dec, or released it
+}
+
+const (
+	heldWaiting uint32 = iota
+	heldSettled
+	heldCancelled
+)
+
+// hold starts holding a request the router gave tk for.
+func (m *modelState) hold(tk *placement.Ticket, req placement.Request, now time.Time) *heldTurn {
+	return &heldTurn{m: m, tk: tk, req: req, start: now, qid: m.queue.enter(now)}
+}
+
+// ready reports, without waiting, whether the router has decided on the
+// ticket; one past its deadline (admit_wait) is placed at once.
+func (ht *heldTurn) ready(now time.Time) bool {
+	if ht.state.Load() != heldWaiting {
+		return true
 	}
-	waited := time.Since(start)
-	if outcome == "admitted" && tk.Forced() {
+	select {
+	case <-ht.tk.Ready():
+		return true
+	default:
+	}
+	if now.Before(ht.tk.Deadline()) {
+		return false
+	}
+	ht.tk.Force(now)
+	<-ht.tk.Ready() // closed by Force
+	return true
+}
+
+// wait holds the request until the router admits its ticket, the ticket's
+// deadline (admit_wait) passes and it is placed anyway, or its client goes
+// away (the ticket is then cancelled and ctx's error returned); then it
+// settles the ticket.
+func (ht *heldTurn) wait(ctx context.Context) error {
+	if ctx.Err() != nil {
+		ht.cancel(time.Now())
+		return ctx.Err()
+	}
+	if ht.state.Load() == heldWaiting {
+		timer := time.NewTimer(time.Until(ht.tk.Deadline()))
+		defer timer.Stop()
+		select {
+		case <-ht.tk.Ready():
+		case <-timer.C:
+			ht.tk.Force(time.Now())
+			<-ht.tk.Ready()
+		case <-ctx.Done():
+			ht.cancel(time.Now())
+			return ctx.Err()
+		}
+	}
+	_, err := ht.settle(time.Now())
+	return err
+}
+
+// settle takes the router's decision on a ready ticket, once: the wait
+// leaves the queue display and goes into the wait histograms, and with a
+// shared store the conversation placed is claimed there. Later calls
+// return what the first returned.
+func (ht *heldTurn) settle(now time.Time) (placement.Decision, error) {
+	if !ht.state.CompareAndSwap(heldWaiting, heldSettled) {
+		if ht.state.Load() == heldCancelled {
+			return placement.Decision{}, context.Canceled
+		}
+		return ht.dec, ht.err
+	}
+	ht.waited = now.Sub(ht.start)
+	outcome := "admitted"
+	if ht.tk.Forced() {
 		outcome = "wait_limit"
 	}
-	m.queue.leave(qid, outcome != "cancelled", start.Add(waited), waited)
+	ht.m.queue.leave(ht.qid, true, now, ht.waited)
+	ht.observe(outcome, ht.waited)
+	d, err := ht.tk.Decision()
+	if err == nil {
+		d, err = ht.m.admitted(ht.req, d)
+	}
+	ht.dec, ht.err = d, err
+	return d, err
+}
+
+// cancel takes a waiting ticket out of the queue (its client left); a
+// ticket admitted meanwhile gives its slot back. It does nothing to a
+// ticket settled already. Safe from any goroutine.
+func (ht *heldTurn) cancel(now time.Time) {
+	if !ht.state.CompareAndSwap(heldWaiting, heldCancelled) {
+		return
+	}
+	if !ht.tk.Cancel() {
+		// admitted as the client left
+		if d, err := ht.tk.Decision(); err == nil {
+			d.Release()
+		}
+	}
+	waited := now.Sub(ht.start)
+	ht.m.queue.leave(ht.qid, false, now, waited)
+	ht.observe("cancelled", waited)
+}
+
+// drop ends the hold when the request ends: a waiting ticket is
+// cancelled, a decision settled but not used is released.
+func (ht *heldTurn) drop(now time.Time) {
+	ht.cancel(now)
+	if ht.state.Load() == heldSettled && !ht.used && ht.err == nil {
+		ht.used = true
+		ht.dec.Release()
+	}
+}
+
+func (ht *heldTurn) observe(outcome string, waited time.Duration) {
 	h := admissionWait
-	if tk.Paused() {
+	if ht.tk.Paused() {
 		h = pausedWait
 	}
-	h.WithLabelValues(m.name, outcome).Observe(waited.Seconds())
-	if outcome == "cancelled" {
-		return placement.Decision{}, waited, ctx.Err()
-	}
-	d, err := tk.Decision()
-	return d, waited, err
+	h.WithLabelValues(ht.m.name, outcome).Observe(waited.Seconds())
 }
 
 // maxRetryAfter is the longest Retry-After a refused request gets, in

@@ -257,26 +257,38 @@ func (h *Handler) peekModel(r *http.Request, rb *replayBody) (model string, body
 // for its start.
 const peekStartSize = 64 << 10
 
-// peekStart reads the start of a bound conversation's body (its key came
-// from a header) for restart detection, and the model with it. Clients
-// send the model and the messages first (Claude Code: model, messages,
-// system, tools…), so the first peekSize bytes, or peekStartSize, usually
-// hold the messages up to the first user message (see peek); start is 0
-// when the body was read in full (the caller computes it from body).
-func (h *Handler) peekStart(r *http.Request, rb *replayBody, shape convkey.Shape) (start uint64, model string, body []byte, tooBig bool, err error) {
-	var twice bool
+// peekStart reads the start of a body keyed by a header for restart
+// detection, and the model with it. Clients send the model and the
+// messages first (Claude Code: model, messages, system, tools…), so the
+// first peekSize bytes, or peekStartSize, usually hold the messages up to
+// the first user message (see peek). When peekStartSize bytes do not hold
+// them but the first peekSize bytes hold the model (what peekModel
+// accepts), the body is streamed on with the start unknown (unknown true):
+// the policy asks for the rest only for a bound conversation, whose start
+// it compares (unread.go). start is 0 when the body was read in full (the
+// caller computes it from body).
+func (h *Handler) peekStart(r *http.Request, rb *replayBody, shape convkey.Shape) (start uint64, unknown bool, model string, body []byte, tooBig bool, err error) {
+	var twice, early, earlyTwice bool
+	var earlyModel string
 	body, tooBig, err = h.peek(r, rb, peekStartSize, func(prefix string) bool {
-		fp, ok := convkey.StartFromPrefixOf(prefix, h.FingerprintBytes, shape)
-		if ok {
+		if fp, ok := convkey.StartFromPrefixOf(prefix, h.FingerprintBytes, shape); ok {
 			start = fp
 			model, _, twice = modelFromPrefix(prefix)
+			return true
 		}
-		return ok
+		if len(prefix) <= peekSize {
+			earlyModel, early, earlyTwice = modelFromPrefix(prefix)
+			return false
+		}
+		if early {
+			model, twice, unknown = earlyModel, earlyTwice, true
+		}
+		return early
 	})
 	if err == nil && twice {
 		err = errModelTwice
 	}
-	return start, model, body, tooBig, err
+	return start, unknown, model, body, tooBig, err
 }
 
 // peek reads the start of a body of known length over peekSize (the

@@ -13,6 +13,14 @@
 //     model's placement.Router for a replica among the available upstreams
 //     (or the engines of a data-parallel server, pinned with
 //     X-data-parallel-rank), skipping replicas already tried for this request.
+//     It never waits and never reads the body: a new conversation that
+//     working-set admission holds gets a ticket and no upstream, and the
+//     handler holds the request (admit_wait, then placed anyway; a client
+//     that leaves cancels it) and runs the proxy again, whose policy maps
+//     the router's decision to its upstream. lb_try_duration does not bound
+//     that wait. A body over 1 MiB that the handler streams is read in full
+//     first when the policy asks for it (a new conversation under
+//     admission, see unread.go).
 //  3. The wrapper passes the response through at once, reads the token usage
 //     from a copy, records it for the replica that served and frees the
 //     in-flight slot when the response ends, however it ends.

@@ -93,8 +93,8 @@ type Handler struct {
 	FingerprintBytes int `json:"fingerprint_bytes,omitempty"`
 
 	// Whether restarts are detected. Default true. With it on, a request
-	// whose key came from a header or the body's metadata and has a
-	// binding carries a fingerprint of its conversation's start (the
+	// whose key came from a header or the body's metadata carries a
+	// fingerprint of its conversation's start (the
 	// model and the messages up to the first user message), read from the
 	// body (its first bytes when the body is over 1 MiB and they hold it:
 	// the rest is streamed on). A request whose start differs from its
@@ -281,7 +281,6 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if st.api == vllmstats.APIResponses {
 		st.shape = convkey.ShapeResponses
 	}
-	st.maxBody = h.MaxBody
 	st.key, st.parent = h.keys.FromHeaders(r.Header)
 	if st.key != "" {
 		st.keySource = keySrcHeader
@@ -292,6 +291,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	model, err := h.readKeys(w, r, st)
 	if err != nil {
 		return h.fail(w, r, st, err)
+	}
+	if st.unread(r) && isInference(r) {
+		// streamed: kept as read until the policy routes it
+		st.streamed = &keptBody{body: r.Body, keep: true}
+		r.Body = st.streamed
 	}
 	if vars := requestVars(r); vars != nil {
 		vars[VarSession] = st.key
@@ -313,7 +317,17 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		r = st.withTrace(r)
 	}
 	err = next.ServeHTTP(rw, r)
-	for st.replays < maxReplays && st.replayable(rw, r, err) {
+	for {
+		if !rw.wroteHeader && (st.held != nil || st.wantBody) {
+			// the policy chose no upstream yet (a replay's run too)
+			var answered bool
+			if answered, err = h.hold(rw, r, st, err, next); answered {
+				return err
+			}
+		}
+		if st.replays >= maxReplays || !st.replayable(rw, r, err) {
+			break
+		}
 		st.replay()
 		err = next.ServeHTTP(rw, r)
 	}
@@ -334,14 +348,68 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 				if st.refused && st.model != nil {
 					return h.refuse(rw, r, st)
 				}
-				if st.bodyErr != nil {
-					return h.fail(rw, r, st, st.bodyErr)
-				}
 				return h.fail(rw, r, st, err)
 			}
 		}
 	}
 	return err
+}
+
+// maxHolds bounds the runs of the proxy a request is held between: the
+// rest of its body read, its admission ticket waited for.
+const maxHolds = 4
+
+// hold runs the proxy again for a request its policy chose no upstream
+// for, yet: it reads the rest of the body the policy asked for
+// (unread.go), or holds the request while its admission ticket waits (the
+// wait, its deadline and its client leaving: heldTurn.wait), and then runs
+// the proxy, whose policy maps the decision made to its upstream. Nothing
+// waits inside the proxy, so lb_try_duration does not bound the wait. It
+// returns the last run's error, or the answer to a body that failed
+// (answered true).
+func (h *Handler) hold(rw *responseWatcher, r *http.Request, st *routeState, err error, next caddyhttp.Handler) (answered bool, _ error) {
+	for range maxHolds {
+		switch ht := st.held; {
+		case rw.wroteHeader:
+			return false, err
+		case st.wantBody:
+			st.wantBody = false
+			if berr := h.readRest(rw, r, st); berr != nil {
+				return true, h.fail(rw, r, st, berr)
+			}
+			if st.noStart {
+				st.noStart = false
+				st.start = convkey.StartFingerprintOf(convkey.BytesView(st.rb.b), h.FingerprintBytes, st.shape)
+			}
+		case ht != nil:
+			if ht.state.Load() != heldWaiting {
+				// decided, yet the proxy did not take it (another
+				// model's policy ran): nothing more to wait for
+				return false, err
+			}
+			if st.streamed != nil {
+				// a held turn's streamed body (a paused conversation's):
+				// read in full, so that its client leaving is noticed
+				// and the proxy's next run sends it whole
+				if berr := h.readRest(rw, r, st); berr != nil {
+					ht.cancel(time.Now())
+					return true, h.fail(rw, r, st, berr)
+				}
+			}
+			if ht.wait(r.Context()) != nil {
+				// the client left (the ticket is cancelled), or no
+				// replica is left: answered as the proxy's 503
+				return false, err
+			}
+			if st.rb.b != nil {
+				st.rb.rewind()
+			}
+		default:
+			return false, err
+		}
+		err = next.ServeHTTP(rw, r)
+	}
+	return false, err
 }
 
 // readKeys reads from the body what the request's routing needs and the
@@ -355,7 +423,10 @@ func (h *Handler) readKeys(w http.ResponseWriter, r *http.Request, st *routeStat
 	strip := h.StripBillingBlock && st.api == vllmstats.APIAnthropic && r.Method == http.MethodPost
 	keyFromBody := st.key == "" && (h.bodyKeys || h.fingerprint)
 	wantStart := st.key != "" && h.restartDetection
-	if !(strip || keyFromBody || h.modelVar || wantStart) || !hasJSONBody(r) {
+	// an inference request admission may hold: its body, held, lets the
+	// server notice a client that leaves while it waits (unread.go)
+	holdable := isInference(r)
+	if !(strip || keyFromBody || h.modelVar || wantStart || holdable) || !hasJSONBody(r) {
 		return "", nil
 	}
 	rc := bodyDeadline(w)
@@ -384,10 +455,12 @@ func (h *Handler) readKeys(w http.ResponseWriter, r *http.Request, st *routeStat
 		// in full: the key may be anywhere, and a body up to streamOver
 		// costs less read whole than relayed (see streamOver)
 		body, tooBig, err = h.readBody(r, &st.rb)
-	case wantStart && anyBinding(st.key):
-		// the start is compared only with a binding's: read the body's
-		// start when that holds it (and the model), else all of it
-		st.start, model, body, tooBig, err = h.peekStart(r, &st.rb, st.shape)
+	case wantStart:
+		// the start, compared with a binding's (a new conversation's is
+		// recorded with it): read from the body's start when that holds
+		// it (and the model); else the policy asks for the rest when the
+		// conversation is bound (noStart)
+		st.start, st.noStart, model, body, tooBig, err = h.peekStart(r, &st.rb, st.shape)
 	case h.modelVar:
 		// only the model variable: as for the start
 		model, body, tooBig, err = h.peekModel(r, &st.rb)
@@ -458,22 +531,6 @@ func (h *Handler) sessionEnds(hd http.Header) bool {
 		return true
 	}
 	return false
-}
-
-// anyBinding reports whether some live model's router holds a binding for
-// key (the request's model is not known before its body is read).
-func anyBinding(key string) bool {
-	found := false
-	modelStates.Range(func(_, val any) bool {
-		if m, ok := val.(*modelState); ok {
-			if _, ok := m.router.Bound(key); ok {
-				found = true
-				return false
-			}
-		}
-		return true
-	})
-	return found
 }
 
 // fail hands a failure (a caddyhttp.HandlerError) to Caddy, or answers it
@@ -552,6 +609,10 @@ func (h *Handler) finish(rw *responseWatcher) {
 		rw.parser = nil
 	} else {
 		rw.st.finished(rw.status, nil, time.Now())
+	}
+	if rw.st.held != nil {
+		// a ticket still waiting, or a decision the proxy did not take
+		rw.st.held.drop(time.Now())
 	}
 	// the body the handler read is not read again (see replayBody)
 	rw.st.rb.release()

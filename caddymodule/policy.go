@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -545,27 +546,9 @@ func (p *Policy) pinned(v string, rs *replicaSet) string {
 	return v
 }
 
-// Select chooses the upstream for one attempt of a request.
-func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
-	if len(pool) == 0 {
-		return nil
-	}
-	rs := p.replicas(pool)
-	vars := requestVars(r)
-	st, _ := vars[varRoute].(*routeState)
-	if st == nil {
-		// no lm_warden handler ran: keep the request's picks ourselves
-		st = &routeState{detached: true}
-		st.key, st.parent = convkey.DefaultExtractor.FromHeaders(r.Header)
-		if vars != nil {
-			vars[varRoute] = st
-		}
-	}
-	st.beginAttempt()
-	if st.refused || st.bodyErr != nil {
-		return nil // the admission queue was full (429) or the body failed: the handler answers
-	}
-
+// route asks the router for a request not held: Caddy's health state of
+// the upstreams synced, full and tried replicas excluded.
+func (p *Policy) route(rs *replicaSet, pool reverseproxy.UpstreamPool, r *http.Request, st *routeState) (placement.Request, placement.Decision, *placement.Ticket, error) {
 	// nil unless a replica is full or was tried already: the request is
 	// passed on (a stack buffer would escape with it)
 	var exclude []string
@@ -591,29 +574,100 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 			req.Pin = p.pinned(v[0], rs)
 		}
 	}
-	req.Unread = st.unread(r)
 	dec, tk, err := p.m.route(req)
-	if errors.Is(err, placement.ErrUnread) {
-		// a new conversation admission may hold: its whole body first
-		// (see unread.go), then routed as it now stands
-		if st.readRest(w, r) != nil {
+	return req, dec, tk, err
+}
+
+// wantsBody reports whether routing needs the whole body of a request
+// whose body the handler streams: admission is in force and the
+// conversation is not bound here (a new one admission may hold), or it is
+// bound and its start, to compare with the binding's, was not in the part
+// the handler read.
+func (p *Policy) wantsBody(st *routeState) bool {
+	if st.key != "" {
+		if _, ok := p.m.router.Bound(st.key); ok {
+			return st.noStart
+		}
+	}
+	return p.m.router.Admission().Active
+}
+
+// Select chooses the upstream for one attempt of a request. It never
+// waits and never reads the body: a request that admission holds gets a
+// ticket, kept in the request's routeState, and no upstream; the lm_warden
+// handler holds it and runs the proxy again once the router has decided,
+// and Select then maps that decision to its upstream. A later Select of
+// the same request in the proxy's own retry loop (lb_try_duration,
+// lb_retries) does the same when the ticket is ready by then, and chooses
+// no upstream again when it is not.
+func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
+	if len(pool) == 0 {
+		return nil
+	}
+	rs := p.replicas(pool)
+	vars := requestVars(r)
+	st, _ := vars[varRoute].(*routeState)
+	if st == nil {
+		// no lm_warden handler ran: keep the request's picks ourselves
+		st = &routeState{detached: true}
+		st.key, st.parent = convkey.DefaultExtractor.FromHeaders(r.Header)
+		if vars != nil {
+			vars[varRoute] = st
+		}
+	}
+	st.beginAttempt()
+	if st.refused || st.wantBody {
+		// the admission queue was full (the handler answers 429), or the
+		// handler is to read the rest of the body first
+		return nil
+	}
+
+	var dec placement.Decision
+	var err error
+	held := st.held
+	if held != nil {
+		// held by admission: the router's decision, once it has made it
+		if r.Context().Err() != nil {
+			// the client left while the proxy retried (lb_try_duration)
+			held.cancel(time.Now())
 			return nil
 		}
-		req.Unread, req.Tokens = false, p.tokens(r, st)
-		dec, tk, err = p.m.route(req)
-	}
-	var waited time.Duration
-	if tk != nil {
-		if dec, waited, err = p.m.await(r.Context(), tk); err == nil {
-			dec, err = p.m.admitted(req, dec)
+		if held.m != p.m || !held.ready(time.Now()) {
+			return nil
 		}
-	}
-	if err != nil {
-		if errors.Is(err, placement.ErrQueueFull) {
-			st.refused = true
-			st.model = p.m
+		dec, err = held.settle(time.Now())
+		held.used = true
+		st.held = nil
+		if err != nil {
+			return nil
 		}
-		return nil
+	} else {
+		if st.streamed != nil && p.wantsBody(st) {
+			// a body the handler streams (over streamOver), not sent
+			// yet, that routing needs whole: the handler reads the rest
+			// and runs the proxy again (unread.go)
+			st.wantBody = true
+			return nil
+		}
+		var req placement.Request
+		var tk *placement.Ticket
+		if req, dec, tk, err = p.route(rs, pool, r, st); tk != nil {
+			held = p.m.hold(tk, req, time.Now())
+			st.held, st.model = held, p.m
+			if st.detached && vars != nil {
+				// nobody holds the request: the proxy's retries may find
+				// the ticket ready; the request's end cancels it
+				context.AfterFunc(r.Context(), func() { held.cancel(time.Now()) })
+			}
+			return nil
+		}
+		if err != nil {
+			if errors.Is(err, placement.ErrQueueFull) {
+				st.refused = true
+				st.model = p.m
+			}
+			return nil
+		}
 	}
 	at, ok := rs.where[dec.Replica]
 	if !ok {
@@ -624,6 +678,10 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 		r.Header.Set(RankHeader, p.ranks[at.rank])
 	}
 	st.routedTo(r, dec, p.m)
+	if st.streamed != nil {
+		st.streamed.routed()
+		st.streamed = nil
+	}
 	reason := int(dec.Reason)
 	if reason >= numReasons {
 		reason = 0
@@ -635,8 +693,8 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 			route += "; " + placement.SpillCost{Stay: dec.Stay, Move: dec.Move}.String()
 		}
 		w.Header()[routeHeaderKey] = []string{route}
-		if tk != nil {
-			w.Header().Set(WaitHeader, strconv.FormatFloat(waited.Seconds(), 'f', 3, 64))
+		if held != nil {
+			w.Header().Set(WaitHeader, strconv.FormatFloat(held.waited.Seconds(), 'f', 3, 64))
 		}
 	}
 	if vars != nil {

@@ -26,8 +26,10 @@ type routeState struct {
 	refused     bool       // the admission queue was full: answered 429
 	detached    bool       // routed without the handler: the slot is freed with the request context
 	rb          replayBody // the request body the handler read and put back (rb.b != nil), rewound on retries
-	maxBody     int64      // the handler's max_body (0: DefaultMaxBody)
-	bodyErr     error      // reading the rest of the body failed (a caddyhttp.HandlerError): answered so
+	held        *heldTurn  // the request's admission ticket, from the policy (admission.go)
+	wantBody    bool       // the policy asks for the whole body before it routes (unread.go)
+	noStart     bool       // the body streams and its start was not in the part read (unread.go)
+	streamed    *keptBody  // the body while streamed and not yet routed (unread.go)
 	ntried      int
 	tried       [4]string // replicas chosen for this request so far
 	extra       []string  // more of them, past len(tried)

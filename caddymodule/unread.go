@@ -1,8 +1,10 @@
 package caddymodule
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"sync/atomic"
@@ -24,18 +26,23 @@ import (
 // Go's HTTP/1 server notices that a client closed its connection (and
 // cancels the request's context) only once the handler has read the
 // request body to its end: until then the connection's bytes are the
-// body's, and nobody reads them. The handler reads bodies up to
-// streamOver (1 MiB) in full; of a larger one whose key came from a header
-// it reads only the start (the rest is streamed to the replica), so a
-// client that gave up while its request was held for admission would go
-// unnoticed until admit_wait passed, and its request would then reach an
-// engine. So a new conversation under admission is placed or queued only
-// once its whole body has been read (up to max_body, into the request's
-// replay buffer, which the proxy then sends): from then on the server
-// watches the connection, and a client that leaves takes its request out
-// of the queue at once. Over streamOver, only first requests of
-// conversations under admission pay for the copy; turns of bound
-// conversations keep streaming their bodies.
+// body's, and nobody reads them. The handler reads inference bodies up to
+// streamOver (1 MiB) in full before the proxy runs; of a larger one whose
+// key came from a header it reads only the start (the rest is streamed to
+// the replica), so a client that gave up while its request was held for
+// admission would go unnoticed until admit_wait passed, and its request
+// would then reach an engine. So the policy routes such a body only when
+// its conversation is bound or admission is not in force; otherwise it
+// chooses no upstream and asks for the body (routeState.wantBody), and the
+// handler reads the rest (up to max_body, into the request's replay
+// buffer, which the proxy then sends) and runs the proxy again: the
+// request is placed or queued only once its whole body has arrived, and
+// from then on the server watches the connection, so a client that leaves
+// takes its request out of the queue at once. Over streamOver, only first
+// requests of conversations under admission pay for the copy; turns of
+// bound conversations keep streaming their bodies, but for a turn whose
+// conversation's start (restart detection) was not in the part the
+// handler read (noStart): the policy asks for the rest of that one too.
 
 // bodyTimeout is how long a client has to send the part of its body the
 // handler reads (all of it up to streamOver, and all of a new
@@ -101,26 +108,70 @@ func bodyTooBig(maxBody int64) error {
 // unread reports whether the request's body may still have bytes the
 // handler did not read.
 func (st *routeState) unread(r *http.Request) bool {
-	return st.rb.b == nil && st.bodyErr == nil && r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0
+	return st.rb.b == nil && r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0
 }
 
 // readRest reads the rest of the request's body into its replay buffer
-// under bodyTimeout (see above). On failure it records in st.bodyErr how
-// the request is to be answered: 413 over max_body, 408 past the deadline,
-// 400 for a body that ended early (the client left).
-func (st *routeState) readRest(w http.ResponseWriter, r *http.Request) error {
-	maxBody := st.maxBody
-	if maxBody <= 0 {
-		maxBody = DefaultMaxBody
+// under bodyTimeout (see above), for the policy that asked for it. A
+// failure is a caddyhttp.HandlerError to answer: 413 over max_body, 408
+// past the deadline, 400 for a body that ended early (the client left).
+func (h *Handler) readRest(w http.ResponseWriter, r *http.Request, st *routeState) error {
+	if st.streamed != nil {
+		// from its first byte: the proxy may have read its start
+		// (request_buffers)
+		r.Body, st.streamed = st.streamed.rewound(), nil
 	}
 	rc := bodyDeadline(w)
-	_, tooBig, err := readWhole(r, maxBody, &st.rb)
+	_, tooBig, err := readWhole(r, h.MaxBody, &st.rb)
 	clearBodyDeadline(rc)
 	switch {
 	case tooBig:
-		st.bodyErr = bodyTooBig(maxBody)
+		return bodyTooBig(h.MaxBody)
 	case err != nil:
-		st.bodyErr = bodyReadError(err)
+		return bodyReadError(err)
 	}
-	return st.bodyErr
+	return nil
+}
+
+// keptBody is a body the handler streams (not read in full: over
+// streamOver, or not JSON) while the policy may still ask for it whole:
+// until the policy routes the request, what is read of it is also kept.
+// reverse_proxy's request_buffers reads the body's start before the policy
+// runs; when the policy asks for the whole body (wantBody), or admission
+// holds the request, the handler reads it again from its first byte
+// (rewound).
+type keptBody struct {
+	body io.ReadCloser
+	keep bool // keep what is read in kept
+	kept []byte
+}
+
+func (kb *keptBody) Read(p []byte) (int, error) {
+	n, err := kb.body.Read(p)
+	if kb.keep {
+		kb.kept = append(kb.kept, p[:n]...)
+	}
+	return n, err
+}
+
+func (kb *keptBody) Close() error { return kb.body.Close() }
+
+// routed ends the keeping: the request goes to a replica with the body as
+// read so far.
+func (kb *keptBody) routed() {
+	kb.keep, kb.kept = false, nil
+}
+
+// rewound returns the body from its first byte: what was read of it
+// (kept), then the rest.
+func (kb *keptBody) rewound() io.ReadCloser {
+	kept := kb.kept
+	kb.routed()
+	if len(kept) == 0 {
+		return kb
+	}
+	return struct {
+		io.Reader
+		io.Closer
+	}{io.MultiReader(bytes.NewReader(kept), kb), kb}
 }

@@ -141,7 +141,9 @@ func TestDemoDefaultCaddyfile(t *testing.T) {
 			t.Errorf("the default mode's Caddyfile sets %s:\n%s", unset, def)
 		}
 	}
-	for _, want := range []string{"lb_policy lm_warden", "data_parallel_size 4", "admit_window 6s"} {
+	// polled every 100 ms, a replica is out after 3 s of failed polls,
+	// as a deployment's defaults (3 at 1 s) have it, not after 300 ms
+	for _, want := range []string{"lb_policy lm_warden", "data_parallel_size 4", "admit_window 6s", "fail_after 30"} {
 		if !strings.Contains(def, want) {
 			t.Errorf("the default mode's Caddyfile lacks %q:\n%s", want, def)
 		}

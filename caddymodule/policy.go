@@ -592,6 +592,7 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 		}
 	}
 	req.Unread = st.unread(r)
+	req.Replay = st.replayOf()
 	dec, tk, err := p.m.route(req)
 	if errors.Is(err, placement.ErrUnread) {
 		// a new conversation admission may hold: its whole body first

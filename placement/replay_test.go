@@ -82,3 +82,29 @@ func TestReplayCountsOnce(t *testing.T) {
 		})
 	}
 }
+
+// A replay routed anew puts the counters back with a forgotten replica's
+// slot empty (SetReplicas, then IdleTTL without it): nothing to restore
+// there, and no panic.
+func TestReplayWithForgottenReplica(t *testing.T) {
+	t.Parallel()
+	t0 := time.Unix(1_800_000_000, 0)
+	r := newTestRouter(4, Config{IdleTTL: time.Minute})
+	r.SetReplicas(ids(3))
+	now := t0.Add(2 * time.Minute)
+	r.Sweep(now)
+	first, err := r.Route(Request{Key: "conv", Now: now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first.Release()
+	r.SetPollDown(first.Replica, true)
+	again, err := r.Route(Request{Key: "conv", Now: now, Replay: &first})
+	if err != nil {
+		t.Fatal(err)
+	}
+	again.Release()
+	if s := r.Snapshot(); s.Requests != 1 || again.Replica == first.Replica || again.Reason != ReasonReplaced {
+		t.Errorf("replay: %s on %s after %s on %s; %d requests counted, want 1", again.Reason, again.Replica, first.Reason, first.Replica, s.Requests)
+	}
+}

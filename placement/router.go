@@ -762,7 +762,9 @@ type routeCounts struct {
 func (r *Router) saveCounts() routeCounts {
 	c := routeCounts{requests: r.requests, keyed: r.keyed, sticky: r.sticky, n: make([]Counters, len(r.reps))}
 	for i, p := range r.reps {
-		c.n[i] = p.n
+		if p != nil {
+			c.n[i] = p.n
+		}
 	}
 	return c
 }
@@ -772,7 +774,7 @@ func (r *Router) saveCounts() routeCounts {
 func (r *Router) restoreCounts(c routeCounts) {
 	r.requests, r.keyed, r.sticky = c.requests, c.keyed, c.sticky
 	for i, p := range r.reps {
-		if i < len(c.n) {
+		if p != nil && i < len(c.n) {
 			p.n = c.n[i]
 		}
 	}

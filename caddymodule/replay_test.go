@@ -342,7 +342,22 @@ func replayCase(t *testing.T, idle time.Duration, mode idleMode, sr spacedRun, r
 	// each turn counted once, however often it was sent: routed once in
 	// the counters, its replays counted apart
 	if n := modelCounterSum(t, "lm_warden_requests_total", model); n != float64(sent) {
-		t.Errorf("lm_warden_requests_total %v for %d turns", n, sent)
+		byReason := map[string]float64{}
+		for _, m := range adminMetrics(t)["lm_warden_requests_total"].GetMetric() {
+			var mo, re string
+			for _, l := range m.GetLabel() {
+				switch l.GetName() {
+				case "model":
+					mo = l.GetValue()
+				case "reason":
+					re = l.GetValue()
+				}
+			}
+			if mo == model {
+				byReason[re] += m.GetCounter().GetValue()
+			}
+		}
+		t.Errorf("lm_warden_requests_total %v for %d turns: by reason %v, the turns' own %v", n, sent, byReason, reasons)
 	}
 	replays := modelCounterSum(t, "lm_warden_replays_total", model)
 	var onCard uint64

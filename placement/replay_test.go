@@ -108,3 +108,38 @@ func TestReplayWithForgottenReplica(t *testing.T) {
 		t.Errorf("replay: %s on %s after %s on %s; %d requests counted, want 1", again.Reason, again.Replica, first.Reason, first.Replica, s.Requests)
 	}
 }
+
+// A replay routed anew is never queued by admission: its first attempt was
+// admitted, and a ticket would be counted again when admitted. Here the
+// conversation's binding is gone and both replicas hold a conversation
+// that leaves no room for one of its size.
+func TestReplayIsNotQueued(t *testing.T) {
+	t.Parallel()
+	r := admitRouter(2, 10000, Config{})
+	first, tk := admitTurn(t, r, "a", 6000, t0)
+	if tk != nil {
+		t.Fatal("a queued on empty replicas")
+	}
+	first.Release()
+	r.Unbind("a")
+	for _, k := range []string{"b", "c"} {
+		d, tk := admitTurn(t, r, k, 6000, t0)
+		if tk != nil {
+			t.Fatalf("%s queued with a replica empty", k)
+		}
+		defer d.Release()
+	}
+	if _, tk := admitTurn(t, r, "d", 6000, t0); tk == nil {
+		t.Fatal("d admitted: the replicas have room, the test tests nothing")
+	} else {
+		tk.Cancel()
+	}
+	again, tk, err := r.Admit(Request{Key: "a", Tokens: 6000, Now: t0, Replay: &first})
+	if err != nil || tk != nil {
+		t.Fatalf("replay: ticket %v, %v; want routed at once", tk, err)
+	}
+	again.Release()
+	if s := r.Snapshot(); s.Requests != 3 {
+		t.Errorf("replay on %s (%s); %d requests counted for three turns", again.Replica, again.Reason, s.Requests)
+	}
+}

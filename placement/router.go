@@ -378,7 +378,10 @@ func (r *Router) route(req Request, queue bool) (Decision, *Ticket, error) {
 			return d, nil, nil
 		}
 		// routed anew (the replica went out meanwhile): counted with
-		// the first attempt, not again
+		// the first attempt, not again; and never queued, as its first
+		// attempt was admitted (a ticket would be counted when admitted,
+		// after the counters are put back)
+		queue = false
 		defer r.restoreCounts(r.saveCounts())
 	}
 

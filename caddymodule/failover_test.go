@@ -500,18 +500,14 @@ func TestHungReplicaMidStage(t *testing.T) {
 		}
 		return n >= 40
 	})
+	// the agents stop before the hang is cleared: a turn still held there
+	// times out as the others did (the emulator answers the turns it
+	// held with 503 when its hang is cleared)
+	end()
 	if err := emu.SetRequestsHang(hung, false); err != nil {
 		t.Fatal(err)
 	}
-	tClear := time.Now()
-	end()
-	log := fr.turns()
-	var stage []turnLog
-	for _, l := range log {
-		if l.start.Before(tClear) {
-			stage = append(stage, l)
-		}
-	}
+	stage := fr.turns()
 	// a turn sent there before it was out waited response_header_timeout
 	// for its headers and got 504
 	f := checkFaultStage(t, stage, dials[hung], tHang, tOut, time.Time{}, http.StatusGatewayTimeout, rht)

@@ -94,8 +94,13 @@ func TestDemoAdmission(t *testing.T) {
 	if on.WaitFirstP95S != 0 {
 		t.Errorf("a first request waited %.2fs with admission off", on.WaitFirstP95S)
 	}
-	if ad.TTFBLaterP50S > 1 {
-		t.Errorf("later turns' TTFB p50 %.2fs with admission, want under 1s", ad.TTFBLaterP50S)
+	// against affinity alone in the same run, not a fixed second: the
+	// TTFBs are the emulator's time, which a loaded machine stretches
+	// (later turns at p50 0.3-0.7 s with admission and about 21 s
+	// without on an idle machine; 1.4-3.2 s with admission on a loaded
+	// one, without still about 21 s)
+	if on.TTFBLaterP50S <= 0 || ad.TTFBLaterP50S > on.TTFBLaterP50S/4 {
+		t.Errorf("later turns' TTFB p50 %.2fs with admission, %.2fs without: want under a quarter", ad.TTFBLaterP50S, on.TTFBLaterP50S)
 	}
 	if ad.PrefixHitPct <= on.PrefixHitPct {
 		t.Errorf("prefix hits with admission %.1f%%, without %.1f%%", ad.PrefixHitPct, on.PrefixHitPct)

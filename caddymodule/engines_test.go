@@ -48,11 +48,14 @@ func TestReachableWithoutKnownSeriesStaysAvailableAndSticky(t *testing.T) {
 	lm_warden
 	reverse_proxy %s {
 		%s
-	}`, dialList(fs), policyBlock("engines", "max_num_seqs 64\n\t\t\tfail_after 1")))
+	}`, dialList(fs), policyBlock("engines", "max_num_seqs 64")))
 
-	// several polls: with fail_after 1 a single failed one would take the
-	// replica out
-	time.Sleep(500 * time.Millisecond)
+	// more polls than fail_after (10 at 100 ms) before the first turn: a
+	// replica whose answered polls counted as failures would be out by
+	// then. (fail_after 1 would make that quicker, but a single poll
+	// slower than its 80 ms timeout on a loaded machine would take the
+	// replica out too.)
+	time.Sleep(1100 * time.Millisecond)
 	const convs, turns = 6, 4
 	where := map[string]string{}
 	for turn := 1; turn <= turns; turn++ {
@@ -87,10 +90,24 @@ func TestReachableWithoutKnownSeriesStaysAvailableAndSticky(t *testing.T) {
 		}
 	}
 
-	c := getCard(t, "engines")
+	// every replica available, reachable and its last poll good: a poll
+	// that timed out on a loaded machine is followed by a good one, while
+	// a replica whose answers counted as failures never gets there
+	var c Card
+	ok := func() bool {
+		c = getCard(t, "engines")
+		for _, f := range fs {
+			if r := cardRow(c, f.addr); !r.Available || !r.Reachable || len(r.Out) != 0 || r.LastError != "" {
+				return false
+			}
+		}
+		return true
+	}
+	for deadline := time.Now().Add(5 * time.Second); !ok() && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+	}
 	for i, f := range fs {
-		r := cardRow(c, f.addr)
-		if !r.Available || !r.Reachable || len(r.Out) != 0 || r.LastError != "" {
+		if r := cardRow(c, f.addr); !r.Available || !r.Reachable || len(r.Out) != 0 || r.LastError != "" {
 			t.Errorf("replica %d: available %v reachable %v out %v error %q", i, r.Available, r.Reachable, r.Out, r.LastError)
 		}
 	}

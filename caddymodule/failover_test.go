@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"math"
 	"net/http"
 	"net/url"
 	"slices"
@@ -24,12 +23,8 @@ import (
 
 // coreSite is the README's core snippet with the emulator's replicas as the
 // upstreams: no health checks, no retries. rht is the response header
-// timeout; poll is the poll interval ("" = the default).
-func coreSite(model string, dials []string, rht, poll string) string {
-	extra := ""
-	if poll != "" {
-		extra = "poll_interval " + poll
-	}
+// timeout; extra adds lines to the policy's block ("" = the defaults).
+func coreSite(model string, dials []string, rht, extra string) string {
 	return fmt.Sprintf(`
 	lm_warden
 	reverse_proxy %s {
@@ -52,8 +47,9 @@ type turnLog struct {
 	start, end      time.Time
 	status          int
 	replica, reason string
-	streamed        bool // a 200 with its headers: the response had started
-	complete        bool // the stream ended with its final event
+	errBody         string // the start of a response other than 200
+	streamed        bool   // a 200 with its headers: the response had started
+	complete        bool   // the stream ended with its final event
 }
 
 // failedEarly: the turn failed before any response had started.
@@ -109,6 +105,8 @@ func streamTurn(ctx context.Context, base, model, conv string, n int, hdr map[st
 	l.replica, l.reason, _ = strings.Cut(resp.Header.Get(RouteHeader), "; ")
 	l.reason, _, _ = strings.Cut(l.reason, "; ") // the spill estimates follow
 	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 300))
+		l.errBody = string(b)
 		return l
 	}
 	l.streamed = true
@@ -234,13 +232,18 @@ type stageFigures struct {
 }
 
 // checkFaultStage checks the turns of a stage in which replica dead failed
-// at tFault, was shown out at tOut and came back at tBack (zero if never):
-// failed turns that had not started streaming began within exposure of the
-// fault and are at most 2 % of the outage's turns (or one); no turn that
-// started after tOut went to the dead replica before tBack; the turns of its
-// conversations after tOut were re-placed; every other conversation stayed
-// where it was on every turn.
-func checkFaultStage(t *testing.T, log []turnLog, dead string, tFault, tOut, tBack time.Time, exposure, maxFailDur time.Duration, maxShare float64) stageFigures {
+// at tFault, was shown out at tOut and came back at tBack (zero if never),
+// on the router's guarantees, not on elapsed time: the replica is out from
+// the first failure a turn met there (its Failed is told before the client
+// gets its error) or the card showing it out, whichever came first, so every
+// turn that failed before streaming went there and started before then;
+// each failed with
+// failStatus (502: the dial was refused; 504: no response headers within
+// response_header_timeout) and took at least minFail (the timeout it
+// waited for); no turn that started after tOut went to the dead replica
+// before tBack; the turns of its conversations after tOut were re-placed;
+// every other conversation stayed where it was on every turn.
+func checkFaultStage(t *testing.T, log []turnLog, dead string, tFault, tOut, tBack time.Time, failStatus int, minFail time.Duration) stageFigures {
 	t.Helper()
 	var f stageFigures
 	byConv := map[int][]turnLog{}
@@ -248,20 +251,37 @@ func checkFaultStage(t *testing.T, log []turnLog, dead string, tFault, tOut, tBa
 		byConv[l.conv] = append(byConv[l.conv], l)
 	}
 	inOutage := func(at time.Time) bool { return !at.Before(tFault) && (tBack.IsZero() || at.Before(tBack)) }
+	// the replica was out from its first failure's answer or the card
+	// showing it out, whichever came first
+	outBy := tOut
+	for _, l := range log {
+		if l.failedEarly() && l.replica == dead && l.end.Before(outBy) {
+			outBy = l.end
+		}
+	}
 	for _, l := range log {
 		if inOutage(l.start) {
 			f.outage++
 		}
-		if l.failedEarly() && !l.start.Before(tFault.Add(-maxFailDur)) {
-			if l.start.After(tFault.Add(exposure)) {
+		if l.failedEarly() {
+			if l.replica != dead {
+				t.Errorf("conv %d turn %d failed on %s, not the failed replica (status %d, %s: %q)", l.conv, l.turn, l.replica, l.status, l.reason, l.errBody)
+			}
+			if l.end.Before(tFault) {
+				t.Errorf("conv %d turn %d failed before the fault (status %d, %s; %s)", l.conv, l.turn, l.status, l.replica, l.reason)
+			}
+			if l.start.After(outBy) {
 				f.lateFails++
-				t.Errorf("conv %d turn %d started %v after the fault and failed before streaming (status %d, %s; %s)",
-					l.conv, l.turn, l.start.Sub(tFault), l.status, l.replica, l.reason)
+				t.Errorf("conv %d turn %d started %v after the replica was out (its first failure answered, or shown out) and failed before streaming (status %d, %s; %s)",
+					l.conv, l.turn, l.start.Sub(outBy), l.status, l.replica, l.reason)
 			} else {
 				f.earlyFails++
 			}
-			if d := l.end.Sub(l.start); d > maxFailDur {
-				t.Errorf("conv %d turn %d took %v to fail, want at most %v", l.conv, l.turn, d, maxFailDur)
+			if l.status != failStatus {
+				t.Errorf("conv %d turn %d failed with status %d (%s; %s: %q), want %d", l.conv, l.turn, l.status, l.replica, l.reason, l.errBody, failStatus)
+			}
+			if d := l.end.Sub(l.start); d < minFail {
+				t.Errorf("conv %d turn %d failed after %v, before the %v it should have waited", l.conv, l.turn, d, minFail)
 			}
 		}
 		if l.start.After(tOut) && inOutage(l.start) && l.replica == dead {
@@ -269,9 +289,6 @@ func checkFaultStage(t *testing.T, log []turnLog, dead string, tFault, tOut, tBa
 			t.Errorf("conv %d turn %d started %v after the replica was shown out and went to it (%s)",
 				l.conv, l.turn, l.start.Sub(tOut), l.reason)
 		}
-	}
-	if limit := max(1, int(math.Ceil(maxShare*float64(f.outage)))); maxShare > 0 && f.earlyFails > limit {
-		t.Errorf("%d turns failed before streaming, more than %.0f%% of the outage's %d turns", f.earlyFails, maxShare*100, f.outage)
 	}
 	for c, turns := range byConv {
 		onDead := false
@@ -318,13 +335,14 @@ func checkFaultStage(t *testing.T, log []turnLog, dead string, tFault, tOut, tBa
 }
 
 // startFaultStage loads the README's core snippet for model in front of
-// dials (response_header_timeout rht), runs eight agents through it for
+// dials (response_header_timeout rht, extra lines in the policy's block),
+// runs eight agents through it for
 // three seconds and starts watching the card of the busiest replica, the one
 // a test then breaks. end stops the agents and the watch and waits for them;
 // it may be called more than once.
-func startFaultStage(t *testing.T, model string, dials []string, rht string) (fr *faultRun, target int, w *outWatch, end func()) {
+func startFaultStage(t *testing.T, model string, dials []string, rht, extra string) (fr *faultRun, target int, w *outWatch, end func()) {
 	t.Helper()
-	loadSite(t, coreSite(model, dials, rht, ""))
+	loadSite(t, coreSite(model, dials, rht, extra))
 	fr = &faultRun{t: t, url: siteURL, model: model}
 	stop, stopWatch := make(chan struct{}), make(chan struct{})
 	done := make(chan struct{})
@@ -365,101 +383,134 @@ func midConversation(log []turnLog, replica string) bool {
 
 // TestKilledReplicaMidStage kills one of four emulated replicas while eight
 // agents keep their conversations going through Caddy with the README's core
-// snippet (no health checks, no retries), then restarts it.
+// snippet (no health checks, no retries), then restarts it. fail_after is
+// set far off, so that the replica can be out for its polls only by the rule
+// that a refused poll takes it out at once (at its first failed poll, not
+// after fail_after of them).
 func TestKilledReplicaMidStage(t *testing.T) {
 	emu, dials := startEmulator(t, 4, 20)
-	const poll = time.Second // the default poll_interval
-	fr, dead, w, end := startFaultStage(t, "killed", dials, "10m")
+	fr, dead, w, end := startFaultStage(t, "killed", dials, "10m", "fail_after 1000")
 	tKill := time.Now()
 	if err := emu.Stop(dead); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(5 * time.Second)
-	tOut, _, cause := w.times()
-	if tOut.IsZero() {
-		t.Fatal("the card never showed the killed replica out")
-	}
-	t.Logf("shown out %v after the kill, for %v", tOut.Sub(tKill), cause)
-	tRestart := time.Now()
-	if err := emu.Restart(dead); err != nil {
-		t.Fatal(err)
-	}
-	var tBack time.Time
 	defer func() {
 		if t.Failed() {
 			t.Logf("row of the killed replica at the end: %+v", cardRow(getCard(t, "killed"), dials[dead]))
 		}
 	}()
+	waitFor(t, "the card to show the killed replica out", func() bool {
+		out, _, _ := w.times()
+		return !out.IsZero()
+	})
+	tOut, _, cause := w.times()
+	t.Logf("shown out %v after the kill, for %v", tOut.Sub(tKill), cause)
+	waitFor(t, "the killed replica out for its refused polls", func() bool {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return w.seen["poll failure"]
+	})
+	// a conversation bound to the killed replica comes back (its agent
+	// may have ended it: this turn is the test's own): answered elsewhere
+	c, n := lastOn(fr.turns(), dials[dead], tKill)
+	if c < 0 {
+		t.Fatal("no turn answered by the replica before the kill")
+	}
+	if l := fr.sendTurn(context.Background(), c, n+1); !l.streamed || l.replica == dials[dead] {
+		t.Errorf("conv %d turn %d, bound to the killed replica: %d %s; %s", c, n+1, l.status, l.replica, l.reason)
+	}
+	tRestart := time.Now()
+	if err := emu.Restart(dead); err != nil {
+		t.Fatal(err)
+	}
+	var tBack time.Time
 	waitFor(t, "the restarted replica back in placement", func() bool {
 		_, in, _ := w.times()
 		tBack = in
 		return !in.IsZero()
 	})
 	t.Logf("back %v after the restart", tBack.Sub(tRestart))
-	w.mu.Lock()
-	if !w.seen["poll failure"] {
-		t.Errorf("the killed replica was never out for its failed polls (causes seen %v)", w.seen)
-	}
-	w.mu.Unlock()
-	// restarted, it takes new conversations again
-	deadline := time.Now().Add(5 * time.Second)
-	placedAgain := false
-	for !placedAgain && time.Now().Before(deadline) {
-		time.Sleep(100 * time.Millisecond)
+	// restarted, conversations are placed on it again: new ones, or those
+	// re-placed from it (by load: the emptiest replica; which of them
+	// comes first is the agents')
+	waitFor(t, "a conversation placed on the restarted replica", func() bool {
 		for _, l := range fr.turns() {
-			if l.start.After(tBack) && l.replica == dials[dead] && l.reason == "placed" && l.streamed {
-				placedAgain = true
+			if l.start.After(tBack) && l.replica == dials[dead] && (l.reason == "placed" || l.reason == "re-placed") && l.streamed {
+				return true
 			}
 		}
-	}
+		return false
+	})
 	end()
-	if !placedAgain {
-		t.Error("no new conversation placed on the restarted replica")
-	}
-	// turns may go to it again from its restart on
-	f := checkFaultStage(t, fr.turns(), dials[dead], tKill, tOut, tRestart, poll, 3*time.Second, 0.02)
+	// turns may go to it again from its restart on; a turn sent to it
+	// before it was out met a refused dial: 502 at once
+	f := checkFaultStage(t, fr.turns(), dials[dead], tKill, tOut, tRestart, http.StatusBadGateway, 0)
 	t.Logf("outage turns %d, failed before streaming %d (late %d), re-placed %d, survivors sticky %d/%d",
 		f.outage, f.earlyFails, f.lateFails, f.replaced, f.survivorSticky, f.survivorTurns)
 	if f.replaced == 0 {
 		t.Error("no conversation of the killed replica had a turn during the outage")
 	}
-	if !tOut.Before(tKill.Add(poll + 200*time.Millisecond)) {
-		t.Errorf("shown out %v after the kill, want within one poll interval", tOut.Sub(tKill))
+}
+
+// lastOn returns the conversation and turn of the latest turn replica
+// answered that started before at; -1 when none.
+func lastOn(log []turnLog, replica string, at time.Time) (conv, turn int) {
+	conv = -1
+	var last time.Time
+	for _, l := range log {
+		if l.replica == replica && l.streamed && l.start.Before(at) && l.start.After(last) {
+			conv, turn, last = l.conv, l.turn, l.start
+		}
 	}
+	return conv, turn
 }
 
 // TestHungReplicaMidStage makes one of four emulated replicas accept
 // requests and never answer them (its /metrics still answers): the turns
 // sent there time out after the configured response header timeout, and
-// then no more are sent there.
+// then no more are sent there. fail_cooldown outlasts the stage, so the
+// replica stays out from its first failure to the stage's end. The
+// response header timeout is 5 s: an emulated replica sends a stream's
+// headers as it takes the turn, but on a loaded 2-core machine under the
+// race detector a healthy one took over 1 s to get there (and was then
+// taken out for it as the hung one is).
 func TestHungReplicaMidStage(t *testing.T) {
 	emu, dials := startEmulator(t, 4, 20)
-	const rht = time.Second
-	fr, hung, w, end := startFaultStage(t, "hung", dials, "1s")
+	const rht = 5 * time.Second
+	fr, hung, w, end := startFaultStage(t, "hung", dials, rht.String(), "fail_cooldown 10m")
 	tHang := time.Now()
 	if err := emu.SetRequestsHang(hung, true); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(6 * time.Second)
+	// its first turn times out after rht
+	waitLong(t, "the card to show the hung replica out", rht+5*time.Second, func() bool {
+		out, _, _ := w.times()
+		return !out.IsZero()
+	})
 	tOut, _, cause := w.times()
-	if tOut.IsZero() {
-		t.Fatal("the card never showed the hung replica out")
-	}
 	t.Logf("shown out %v after the hang, for %v", tOut.Sub(tHang), cause)
+	// a stage's worth of turns routed while it is out (its conversations'
+	// next turns may all have been their last: none need come back)
+	waitFor(t, "40 turns started after the hung replica was out", func() bool {
+		n := 0
+		for _, l := range fr.turns() {
+			if l.start.After(tOut) {
+				n++
+			}
+		}
+		return n >= 40
+	})
+	// the agents stop before the hang is cleared: a turn still held there
+	// times out as the others did (the emulator answers the turns it
+	// held with 503 when its hang is cleared)
+	end()
 	if err := emu.SetRequestsHang(hung, false); err != nil {
 		t.Fatal(err)
 	}
-	tClear := time.Now()
-	end()
-	log := fr.turns()
-	var stage []turnLog
-	for _, l := range log {
-		if l.start.Before(tClear) {
-			stage = append(stage, l)
-		}
-	}
-	// exposure: the turns sent before the first timeout came back
-	f := checkFaultStage(t, stage, dials[hung], tHang, tOut, time.Time{}, rht+200*time.Millisecond, rht+time.Second, 0)
+	stage := fr.turns()
+	// a turn sent there before it was out waited response_header_timeout
+	// for its headers and got 504
+	f := checkFaultStage(t, stage, dials[hung], tHang, tOut, time.Time{}, http.StatusGatewayTimeout, rht)
 	t.Logf("hang turns %d, failed before streaming %d (late %d), re-placed %d, survivors sticky %d/%d",
 		f.outage, f.earlyFails, f.lateFails, f.replaced, f.survivorSticky, f.survivorTurns)
 	if f.earlyFails == 0 {
@@ -578,8 +629,18 @@ func TestRetriesGoElsewhere(t *testing.T) {
 		flush_interval -1
 	}`, strings.Join(dials, " ")))
 	fr := &faultRun{t: t, url: siteURL, model: "retries"}
-	// warm up the poller's first round so the polls say nothing more
-	time.Sleep(200 * time.Millisecond)
+	// the poller's first round done (every replica seen), its next an hour
+	// off: the polls say nothing more, and only the failed dials can take
+	// the stopped replicas out
+	waitFor(t, "the first poll round", func() bool {
+		c := getCard(t, "retries")
+		for _, r := range c.Replicas {
+			if r.LastSeen == nil {
+				return false
+			}
+		}
+		return len(c.Replicas) == len(dials)
+	})
 	if err := emu.Stop(1); err != nil {
 		t.Fatal(err)
 	}

@@ -106,6 +106,9 @@ var (
 	descPausedTotal = prometheus.NewDesc("lm_warden_pauses_total",
 		"Conversations paused at a turn boundary (time-slicing) since the router started.",
 		[]string{"model"}, nil)
+	descReplays = prometheus.NewDesc("lm_warden_replays_total",
+		"Turns sent again after the replica closed the kept-alive connection they went out on before answering (it never started them); each is counted once in lm_warden_requests_total.",
+		[]string{"model", "replica"}, nil)
 	descProxyFailures = prometheus.NewDesc("lm_warden_proxy_failures_total",
 		"Requests that failed at the replica: no connection, no response headers in time, a 5xx answer or a cut stream.",
 		[]string{"model", "replica"}, nil)
@@ -127,7 +130,7 @@ var outCauses = [...]struct {
 func (collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descRequests, descInFlight, descBindings, descReplicaBindings,
 		descPrompt, descGenerated, descUnmeasured, descRunning, descWaiting, descKV, descHit,
-		descReachable, descPollErrors, descAvailable, descOut, descProxyFailures,
+		descReachable, descPollErrors, descAvailable, descOut, descProxyFailures, descReplays,
 		descStickyCached, descColdMarked, descEnded, descWorkingSet, descEngineKV, descKVCapacity,
 		descAdmissionActive, descAdmissionWaiting, descAdmissionQueued, descAdmissionAdmitted,
 		descAdmissionRefused, descAdmissionCancelled, descPaused, descPausedTotal, descKeySource} {
@@ -182,6 +185,7 @@ func (collector) Collect(ch chan<- prometheus.Metric) {
 				gauge(descOut, b2f(r.Out&c.c != 0), m.name, r.ID, c.label)
 			}
 			counter(descProxyFailures, float64(r.ProxyFailures), m.name, r.ID)
+			counter(descReplays, float64(r.Replays), m.name, r.ID)
 			counter(descStickyCached, float64(r.PredictedTokens), m.name, r.ID, "predicted")
 			counter(descStickyCached, float64(r.DeliveredTokens), m.name, r.ID, "delivered")
 			counter(descColdMarked, float64(r.ColdMarked), m.name, r.ID)

@@ -574,6 +574,7 @@ func (p *Policy) route(rs *replicaSet, pool reverseproxy.UpstreamPool, r *http.R
 			req.Pin = p.pinned(v[0], rs)
 		}
 	}
+	req.Replay = st.replayOf()
 	dec, tk, err := p.m.route(req)
 	return req, dec, tk, err
 }

@@ -12,6 +12,8 @@ import (
 	"syscall"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/lmwarden/caddy-lmwarden/placement"
 )
 
 // Replaying a turn the replica never answered.
@@ -147,6 +149,7 @@ func closedConn(err error) bool {
 func (st *routeState) replay() {
 	st.dec.Release()
 	st.routed = false
+	st.replaying = true
 	st.untryLast()
 	if st.at != nil {
 		st.at.reused.Store(false)
@@ -156,6 +159,19 @@ func (st *routeState) replay() {
 		st.rb.rewind()
 	}
 	st.replays++
+}
+
+// replayOf returns, for the routing of a replayed attempt, the decision of
+// the attempt it replays: the router sends the turn back there without
+// counting it again and counts the replay (placement.Request.Replay); nil
+// for any other routing.
+func (st *routeState) replayOf() *placement.Decision {
+	if !st.replaying {
+		return nil
+	}
+	st.replaying = false
+	prev := st.dec
+	return &prev
 }
 
 // untryLast forgets the replica chosen last, so that it may be chosen again.

@@ -267,8 +267,10 @@ func runSpaced(t *testing.T, prefix string, sr spacedRun) (sent int, failed []st
 }
 
 // replayCase runs one case: three emulated replicas, each behind an
-// idleProxy, the README's core snippet in front.
-func replayCase(t *testing.T, idle time.Duration, mode idleMode, sr spacedRun, restartEvery int) {
+// idleProxy, the README's core snippet in front. wantReplays: the case
+// must make the handler send turns again (every kept-alive connection is
+// reset or dropped under the next request).
+func replayCase(t *testing.T, idle time.Duration, mode idleMode, sr spacedRun, restartEvery int, wantReplays bool) {
 	emu, dials := startEmulator(t, 3, 50)
 	proxies := make([]*idleProxy, len(dials))
 	var front []string
@@ -337,6 +339,38 @@ func replayCase(t *testing.T, idle time.Duration, mode idleMode, sr spacedRun, r
 		// proxy failures below are the turns')
 		t.Errorf("%d turns re-placed: their replica was out", moved)
 	}
+	// each turn counted once, however often it was sent: routed once in
+	// the counters, its replays counted apart
+	if n := modelCounterSum(t, "lm_warden_requests_total", model); n != float64(sent) {
+		byReason := map[string]float64{}
+		for _, m := range adminMetrics(t)["lm_warden_requests_total"].GetMetric() {
+			var mo, re string
+			for _, l := range m.GetLabel() {
+				switch l.GetName() {
+				case "model":
+					mo = l.GetValue()
+				case "reason":
+					re = l.GetValue()
+				}
+			}
+			if mo == model {
+				byReason[re] += m.GetCounter().GetValue()
+			}
+		}
+		t.Errorf("lm_warden_requests_total %v for %d turns: by reason %v, the turns' own %v", n, sent, byReason, reasons)
+	}
+	replays := modelCounterSum(t, "lm_warden_replays_total", model)
+	var onCard uint64
+	for _, r := range getCard(t, model).Replicas {
+		onCard += r.Replays
+	}
+	t.Logf("%v replays (card %d)", replays, onCard)
+	if float64(onCard) != replays {
+		t.Errorf("the card counts %d replays, lm_warden_replays_total %v", onCard, replays)
+	}
+	if wantReplays && replays == 0 {
+		t.Error("no turn was replayed: the case tested nothing")
+	}
 	for _, p := range proxies {
 		avail, out := outMetric(t, model, p.addr())
 		if avail != 1 || len(out) > 0 && sum(out) > 0 {
@@ -353,6 +387,20 @@ func sum(m map[string]float64) (s float64) {
 		s += v
 	}
 	return s
+}
+
+// modelCounterSum sums a counter's samples of one model from the admin
+// /metrics, over every other label.
+func modelCounterSum(t *testing.T, name, model string) (sum float64) {
+	t.Helper()
+	for _, m := range adminMetrics(t)[name].GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "model" && l.GetValue() == model {
+				sum += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return sum
 }
 
 // replicaCounter reads a counter of one replica from the admin /metrics.
@@ -379,7 +427,7 @@ func replicaCounter(t *testing.T, name, model, replica string) float64 {
 // connection idle for 1 s, turns 1.5 s apart on kept-alive connections:
 // every turn is answered, none moves, no replica is taken out.
 func TestReplicaClosingIdleConnectionsCostsNoTurn(t *testing.T) {
-	replayCase(t, time.Second, closeIdle, spacedRun{conversations: 40, rounds: 5, period: 1500 * time.Millisecond, spread: time.Second}, 0)
+	replayCase(t, time.Second, closeIdle, spacedRun{conversations: 40, rounds: 5, period: 1500 * time.Millisecond, spread: time.Second}, 0, false)
 }
 
 // TestRestartedReplicaCostsNoTurn: as above, and every replica restarted
@@ -387,7 +435,7 @@ func TestReplicaClosingIdleConnectionsCostsNoTurn(t *testing.T) {
 // restarts: its engine starts empty and the connections the proxy kept are
 // gone on its side, unannounced, so the next request on each is reset.
 func TestRestartedReplicaCostsNoTurn(t *testing.T) {
-	replayCase(t, time.Second, closeIdle, spacedRun{conversations: 40, rounds: 5, period: 1500 * time.Millisecond, spread: time.Second}, 10)
+	replayCase(t, time.Second, closeIdle, spacedRun{conversations: 40, rounds: 5, period: 1500 * time.Millisecond, spread: time.Second}, 10, true)
 }
 
 // TestReplicaResettingStaleConnectionsCostsNoTurn: replicas that reset a
@@ -395,11 +443,11 @@ func TestRestartedReplicaCostsNoTurn(t *testing.T) {
 // 1.8 s apart, so that nearly every kept-alive connection is reset when
 // used again.
 func TestReplicaResettingStaleConnectionsCostsNoTurn(t *testing.T) {
-	replayCase(t, 1500*time.Millisecond, resetStale, spacedRun{conversations: 40, rounds: 5, period: 1800 * time.Millisecond, spread: 100 * time.Millisecond}, 0)
+	replayCase(t, 1500*time.Millisecond, resetStale, spacedRun{conversations: 40, rounds: 5, period: 1800 * time.Millisecond, spread: 100 * time.Millisecond}, 0, true)
 }
 
 // TestReplicaClosingAfterTwoSecondsCostsNoTurn: replicas that close a
 // connection idle for 2 s, turns 2 s apart.
 func TestReplicaClosingAfterTwoSecondsCostsNoTurn(t *testing.T) {
-	replayCase(t, 2*time.Second, closeIdle, spacedRun{conversations: 40, rounds: 5, period: 2 * time.Second, spread: 300 * time.Millisecond}, 0)
+	replayCase(t, 2*time.Second, closeIdle, spacedRun{conversations: 40, rounds: 5, period: 2 * time.Second, spread: 300 * time.Millisecond}, 0, false)
 }

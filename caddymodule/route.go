@@ -39,6 +39,7 @@ type routeState struct {
 	routedAt, firstAt time.Time
 	at                *attemptTrace // the connection of the proxy's last attempt (replay.go)
 	replays           int           // how often the proxy was run again (replay.go)
+	replaying         bool          // the next routing is a replay of dec (replayOf)
 }
 
 func (st *routeState) addTried(id string) {

@@ -356,6 +356,7 @@ func TestSharedStoreTwoInstances(t *testing.T) {
 		if l := streamTurn(context.Background(), siteURL, model, conv, 2, nil); l.replica != first.replica {
 			t.Fatalf("turn 2 on %s, want %s", l.replica, first.replica)
 		}
+		received := getCard(t, model).Store.MovesReceived
 		if code, _ := adminDo(t, child.admin, http.MethodDelete, "/lm-warden/models/"+model+"/sessions/"+conv, ""); code != http.StatusOK {
 			t.Fatalf("DELETE: %d", code)
 		}
@@ -370,7 +371,9 @@ func TestSharedStoreTwoInstances(t *testing.T) {
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
-		time.Sleep(100 * time.Millisecond) // the move message's way to this front-end
+		// the move message's way to this front-end: it applies the
+		// message at the conversation's next turn
+		waitFor(t, "this front-end to receive the unpin", func() bool { return getCard(t, model).Store.MovesReceived > received })
 		if l := streamTurn(context.Background(), siteURL, model, conv, 3, nil); l.reason != "placed" {
 			t.Fatalf("after the unpin this front-end routed the turn %s (%s), want placed anew", l.replica, l.reason)
 		}

@@ -68,6 +68,15 @@ type Request struct {
 	// stalls its body so holds no place in the queue and no room in a
 	// replica's working set.
 	Unread bool
+	// Replay, when set, is the decision of this request's earlier attempt,
+	// which met a connection its replica had closed before any byte of an
+	// answer came (the replica never started the turn) and is sent again.
+	// The turn was counted with that decision: this routing adds to no
+	// counter but the Replays of that attempt's replica. When the replica
+	// can still be chosen and the conversation is still bound there (and
+	// not to be re-placed), the turn goes back to it with the earlier
+	// decision's reason; otherwise it is routed as any turn, uncounted.
+	Replay *Decision
 }
 
 // Reason says why a replica was chosen.
@@ -361,6 +370,20 @@ func (r *Router) route(req Request, queue bool) (Decision, *Ticket, error) {
 	}
 	r.expireOldest(now, sweepPerRoute)
 	affinity := !r.cfg.AffinityOff && req.Key != ""
+	if req.Replay != nil {
+		if i, ok := r.byID[req.Replay.Replica]; ok {
+			r.reps[i].n.Replays++
+		}
+		if d, ok := r.again(req, h, now, affinity); ok {
+			return d, nil, nil
+		}
+		// routed anew (the replica went out meanwhile): counted with
+		// the first attempt, not again; and never queued, as its first
+		// attempt was admitted (a ticket would be counted when admitted,
+		// after the counters are put back)
+		queue = false
+		defer r.restoreCounts(r.saveCounts())
+	}
 
 	// Rule: client pin.
 	if req.Pin != "" {
@@ -644,6 +667,12 @@ func (r *Router) hash(key string) uint64 { return maphash.String(r.seed, key) }
 // conversation of entry e (nilIdx = none).
 func (r *Router) take(p *replica, reason Reason, e int32) Decision {
 	r.requests++
+	return r.takeSlot(p, reason, e)
+}
+
+// takeSlot holds an in-flight slot on p for the conversation of entry e
+// (nilIdx = none), counting nothing.
+func (r *Router) takeSlot(p *replica, reason Reason, e int32) Decision {
 	p.inflight.Add(1)
 	r.inflight.Add(1)
 	s, tok := r.slots.get(p, r)
@@ -697,4 +726,59 @@ func (r *Router) Len() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.b.n
+}
+
+// again sends a replayed request (Request.Replay) back to the replica of
+// its earlier attempt with that attempt's decision, counting nothing: when
+// the replica can still be chosen and, for a keyed request under affinity,
+// the conversation is still bound there, neither to be re-placed nor
+// paused. r.mu held.
+func (r *Router) again(req Request, h uint64, now int64, affinity bool) (Decision, bool) {
+	prev := req.Replay
+	i, ok := r.byID[prev.Replica]
+	if !ok || !r.usable(r.reps[i]) {
+		return Decision{}, false
+	}
+	p := r.reps[i]
+	e := nilIdx
+	if affinity {
+		e = r.lookup(h, now)
+		if e == nilIdx || r.reps[r.b.ents[e].rep] != p || r.b.ents[e].flags&(flagReplace|flagCold|flagPaused) != 0 {
+			return Decision{}, false
+		}
+		r.toFront(e, now)
+	}
+	d := r.takeSlot(p, prev.Reason, e)
+	d.Previous, d.Stay, d.Move = prev.Previous, prev.Stay, prev.Move
+	return d, true
+}
+
+// routeCounts are the counters a routing adds to: the router's and every
+// replica's.
+type routeCounts struct {
+	requests, keyed, sticky uint64
+	n                       []Counters
+}
+
+// saveCounts returns the counters a routing adds to, for restoreCounts.
+// r.mu held.
+func (r *Router) saveCounts() routeCounts {
+	c := routeCounts{requests: r.requests, keyed: r.keyed, sticky: r.sticky, n: make([]Counters, len(r.reps))}
+	for i, p := range r.reps {
+		if p != nil {
+			c.n[i] = p.n
+		}
+	}
+	return c
+}
+
+// restoreCounts puts back the counters saveCounts returned, undoing what
+// the routing in between counted (r.mu held throughout).
+func (r *Router) restoreCounts(c routeCounts) {
+	r.requests, r.keyed, r.sticky = c.requests, c.keyed, c.sticky
+	for i, p := range r.reps {
+		if p != nil && i < len(c.n) {
+			p.n = c.n[i]
+		}
+	}
 }

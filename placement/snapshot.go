@@ -113,6 +113,9 @@ type Counters struct {
 	// Bindings here dropped because the client ended the session.
 	Ended   uint64 `json:"ended"`
 	Resumed uint64 `json:"resumed" doc:"paused conversations whose turn resumed here after waiting for room (time-slicing): sticky, or moved here (then also re_placed)"`
+	// Turns sent again after this replica closed the kept-alive
+	// connection they went out on before answering (Request.Replay).
+	Replays uint64 `json:"replays" doc:"turns sent again after this replica closed the kept-alive connection they went out on before answering (it never started them; see *When a replica fails*): each turn is counted once among the others, with its first attempt's reason"`
 }
 
 // DeliveredShare is DeliveredTokens / PredictedTokens; 0 when nothing was

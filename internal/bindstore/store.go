@@ -538,8 +538,9 @@ func (s *Store) onMove(payload string) {
 	if rep == "-" {
 		rep = ""
 	}
-	s.received.Add(1)
+	// pending first: a move counted received is one the next turn applies
 	s.pending.put(h, move{storeValue: storeValue{replica: rep, start: start}, at: time.Now().UnixNano()})
+	s.received.Add(1)
 }
 
 func (s *Store) moveMessage(h uint64, v storeValue) string {

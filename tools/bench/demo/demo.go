@@ -27,7 +27,7 @@ import (
 	_ "github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	_ "github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 
-	_ "github.com/lmwarden/caddy-lmwarden/caddymodule"
+	"github.com/lmwarden/caddy-lmwarden/caddymodule"
 	"github.com/lmwarden/caddy-lmwarden/emulator"
 	"github.com/lmwarden/caddy-lmwarden/internal/redisserver"
 	"github.com/lmwarden/caddy-lmwarden/placement"
@@ -410,6 +410,7 @@ func (p *demoProxy) policyTail(b *strings.Builder) {
 	// Admission's times are the engine's: at speed × they pass that much
 	// faster (as the poll interval does).
 	fmt.Fprintf(b, "\t\t\tadmit_window %s\n\t\t\tadmit_wait %s\n", p.scaled(placement.DefaultAdmitWindow), p.scaled(placement.DefaultAdmitWait))
+	fmt.Fprintf(b, "\t\t\tfail_after %d\n", p.failAfter())
 	if p.dpSize > 1 {
 		fmt.Fprintf(b, "\t\t\tdata_parallel_size %d\n", p.dpSize)
 	}
@@ -417,6 +418,24 @@ func (p *demoProxy) policyTail(b *strings.Builder) {
 		fmt.Fprintf(b, "\t\t\tstore redis {\n\t\t\t\taddress %s\n\t\t\t\tprefix lmwdemo:\n\t\t\t}\n", p.store)
 	}
 	b.WriteString("\t\t}\n")
+}
+
+// failAfter is the demo's fail_after: as many failed polls as span the
+// wall time the defaults give a deployment (fail_after 3 at poll_interval
+// 1s). The demo's poll interval is the engine's second in wall time (100 ms
+// at 10×), and each poll's timeout four fifths of it, but the host's stalls
+// are not sped up: on a loaded laptop a /metrics answer that takes 80 ms
+// is a busy CPU, not a replica gone, and three of them in a row took every
+// engine of the data-parallel server out at once and re-placed its
+// conversations. The demo's faults do not depend on it: a stopped replica
+// refuses the poll's connection and is out at once, and a hung one still
+// answers its polls and is taken out by its proxy errors.
+func (p *demoProxy) failAfter() int {
+	if p.poll <= 0 {
+		return caddymodule.DefaultFailAfter
+	}
+	wall := caddymodule.DefaultFailAfter * caddymodule.DefaultPollInterval
+	return max(caddymodule.DefaultFailAfter, int((wall+p.poll-1)/p.poll))
 }
 
 // load adapts the mode's Caddyfile and (re)loads Caddy with it.

@@ -94,8 +94,13 @@ func TestDemoAdmission(t *testing.T) {
 	if on.WaitFirstP95S != 0 {
 		t.Errorf("a first request waited %.2fs with admission off", on.WaitFirstP95S)
 	}
-	if ad.TTFBLaterP50S > 1 {
-		t.Errorf("later turns' TTFB p50 %.2fs with admission, want under 1s", ad.TTFBLaterP50S)
+	// against affinity alone in the same run, not a fixed second: the
+	// TTFBs are the emulator's time, which a loaded machine stretches
+	// (later turns at p50 0.3-0.7 s with admission and about 21 s
+	// without on an idle machine; 1.4-3.2 s with admission on a loaded
+	// one, without still about 21 s)
+	if on.TTFBLaterP50S <= 0 || ad.TTFBLaterP50S > on.TTFBLaterP50S/4 {
+		t.Errorf("later turns' TTFB p50 %.2fs with admission, %.2fs without: want under a quarter", ad.TTFBLaterP50S, on.TTFBLaterP50S)
 	}
 	if ad.PrefixHitPct <= on.PrefixHitPct {
 		t.Errorf("prefix hits with admission %.1f%%, without %.1f%%", ad.PrefixHitPct, on.PrefixHitPct)
@@ -141,7 +146,9 @@ func TestDemoDefaultCaddyfile(t *testing.T) {
 			t.Errorf("the default mode's Caddyfile sets %s:\n%s", unset, def)
 		}
 	}
-	for _, want := range []string{"lb_policy lm_warden", "data_parallel_size 4", "admit_window 6s"} {
+	// polled every 100 ms, a replica is out after 3 s of failed polls,
+	// as a deployment's defaults (3 at 1 s) have it, not after 300 ms
+	for _, want := range []string{"lb_policy lm_warden", "data_parallel_size 4", "admit_window 6s", "fail_after 30"} {
 		if !strings.Contains(def, want) {
 			t.Errorf("the default mode's Caddyfile lacks %q:\n%s", want, def)
 		}

@@ -52,6 +52,12 @@ func occupy(t *testing.T, emu *emulator.Server, model, id string) (done func()) 
 	waitFor(t, "nothing in flight before "+id+"'s long turn", func() bool { return getCard(t, model).InFlight == 0 })
 	res := postAsync(context.Background(), "/v1/messages", string(b), session(id))
 	waitFor(t, id+" in flight", func() bool { return getCard(t, model).InFlight > 0 })
+	// routed is not yet arrived: the proxy sends the turn on after the
+	// policy chose the replica, and on a busy CPU that takes a while. A
+	// count of the engine's requests taken before it arrived would count
+	// the long turn as a later request's.
+	url := emu.URLs()[0]
+	waitFor(t, id+"'s long turn at the engine", func() bool { return engineHolds(emulatorMetrics(t, url)) > 0 })
 	return func() {
 		_ = emu.SetSlow(0, 1)
 		select {

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 )
@@ -33,6 +34,29 @@ func modelFirstBody(id string, size int) string {
 // waiting, from its /metrics parsed with expfmt.
 func engineRequests(t *testing.T, url string) float64 {
 	t.Helper()
+	fams := emulatorMetrics(t, url)
+	var n float64
+	for _, m := range fams["vllm:request_success_total"].GetMetric() {
+		n += m.GetCounter().GetValue()
+	}
+	return n + engineHolds(fams)
+}
+
+// engineHolds is how many requests the engines of fams run or queue now.
+func engineHolds(fams map[string]*dto.MetricFamily) float64 {
+	var n float64
+	for _, name := range []string{"vllm:num_requests_running", "vllm:num_requests_waiting"} {
+		for _, m := range fams[name].GetMetric() {
+			n += m.GetGauge().GetValue()
+		}
+	}
+	return n
+}
+
+// emulatorMetrics is the /metrics of the emulated engines behind url, parsed
+// with expfmt.
+func emulatorMetrics(t *testing.T, url string) map[string]*dto.MetricFamily {
+	t.Helper()
 	resp, err := http.Get(url + "/metrics")
 	if err != nil {
 		t.Fatal(err)
@@ -43,16 +67,7 @@ func engineRequests(t *testing.T, url string) float64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var n float64
-	for _, m := range fams["vllm:request_success_total"].GetMetric() {
-		n += m.GetCounter().GetValue()
-	}
-	for _, name := range []string{"vllm:num_requests_running", "vllm:num_requests_waiting"} {
-		for _, m := range fams[name].GetMetric() {
-			n += m.GetGauge().GetValue()
-		}
-	}
-	return n
+	return fams
 }
 
 // waitLong is waitFor with a longer bound, for conditions that need a

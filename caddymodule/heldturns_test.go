@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -279,6 +280,18 @@ func TestHeldTurnWithoutTheHandler(t *testing.T) {
 			cfg = strings.Replace(cfg, "\tlm_warden\n", "", 1)
 			loadSite(t, cfg)
 			waitFor(t, "admission in force", func() bool { return getCard(t, mdl).Admission.Active })
+			t.Cleanup(func() {
+				if t.Failed() {
+					// how admission and the replica stood: whether B was
+					// queued at all, the replica's outs, what it holds
+					c := getCard(t, mdl)
+					b, _ := json.Marshal(struct {
+						InFlight            int
+						Admission, Replicas any
+					}{c.InFlight, c.Admission, c.Replicas})
+					t.Logf("card after the failure: %s", b)
+				}
+			})
 			if r := sendTurn(t, "/v1/messages", bigTurn("A"), session("A")); r.status != 200 {
 				t.Fatalf("A: %d %s", r.status, r.body)
 			}

@@ -76,8 +76,8 @@ func TestRetryAfterFollowsTheQueue(t *testing.T) {
 	bSent := time.Now()
 	b := postAsync(ctx, "/v1/chat/completions", turn("B"), session("B"))
 	waitFor(t, "B waiting", func() bool { return waitingNow(t, model) == 1 })
-	// admitted when A's turn ends: the slowed engine's time, which a
-	// loaded machine stretches past waitFor's 5 s
+	// admitted when A's turn ends: about 5 s of engine time at the wall
+	// clock's pace, so waitFor's 5 s bound is no bound for it
 	waitLong(t, "B admitted", time.Minute, func() bool { return waitingNow(t, model) == 0 })
 	bWait := time.Since(bSent)
 	// C waits for B's turn; D finds the queue full

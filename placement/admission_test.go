@@ -612,3 +612,29 @@ func TestFullFollowsWorkingSet(t *testing.T) {
 		t.Fatalf("working set %d of %d, full %v; want below the low-water mark and not full", row.WorkingSet, row.Capacity, row.Full)
 	}
 }
+
+// TestAdmissionHoldsRatherThanTryAnOutReplica: a new conversation that
+// fits none of the replicas in waits; it is not placed on a replica out
+// for a failure (in its cool-down) because it would fit there. The lenient
+// pick that ignores the router's own failure signals is for when every
+// replica is out, not for when those in are full.
+func TestAdmissionHoldsRatherThanTryAnOutReplica(t *testing.T) {
+	r := admitRouter(2, 3000, Config{})
+	now := time.Unix(1000, 0)
+	da, tk := admitTurn(t, r, "A", 2000, now)
+	if tk != nil {
+		t.Fatal("A held on an empty fleet")
+	}
+	db, tk := admitTurn(t, r, "B", 2000, now)
+	if tk != nil {
+		t.Fatal("B held with a replica empty")
+	}
+	// B's replica fails its turn: out for the cool-down, idle
+	db.Failed(now)
+	db.ReleaseAt(now)
+	dc, tk := admitTurn(t, r, "C", 2000, now.Add(time.Second))
+	if tk == nil {
+		t.Fatalf("C placed on %s (%v) while %s cools down and A's turn fills %s", dc.Replica, dc.Reason, db.Replica, da.Replica)
+	}
+	tk.Cancel()
+}

@@ -122,9 +122,17 @@ func (f *fleet) usable(p *replica) bool {
 // rather than refusing the request, so a setup where no poll can succeed
 // (wrong metrics_path) keeps serving. The proxy's health checks stay
 // binding, as they are without this module.
+// A replica f passes over for its own reasons (a new conversation that
+// does not fit there) while another is in is no reason to try the ones
+// that are out: f's nil then stands.
 func (r *Router) lenientPick(f func() *replica) *replica {
 	if p := f(); p != nil {
 		return p
+	}
+	for _, i := range r.order {
+		if r.usable(r.reps[i]) {
+			return nil
+		}
 	}
 	r.lenient = true
 	p := f()

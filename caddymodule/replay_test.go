@@ -46,7 +46,14 @@ type idleProxy struct {
 
 type relayConn struct {
 	c, u net.Conn
-	last atomic.Int64 // unix nanoseconds of the last byte either way
+	// mu orders a byte relayed against a close for idleness: the sweep
+	// decides under it, so a request that arrives is either relayed
+	// before the close is decided (and the connection is no longer idle)
+	// or never relayed at all, as a server closing an idle connection
+	// never starts a request it has not read
+	mu         sync.Mutex
+	closedIdle bool
+	last       atomic.Int64 // unix nanoseconds of the last byte either way
 	// the replica behind restarted: the connection is gone on its side
 	// without a word to the client, whose next byte on it gets a reset
 	dead atomic.Bool
@@ -140,7 +147,13 @@ func (p *idleProxy) pump(rc *relayConn, src, dst net.Conn, up bool) {
 				rc.close(true)
 				return
 			}
+			rc.mu.Lock()
+			if rc.closedIdle {
+				rc.mu.Unlock()
+				return
+			}
 			rc.last.Store(now)
+			rc.mu.Unlock()
 			if _, werr := dst.Write(buf[:n]); werr != nil {
 				return
 			}
@@ -171,8 +184,14 @@ func (p *idleProxy) sweep() {
 		}
 		p.mu.Unlock()
 		for _, rc := range idle {
-			p.cut.Add(1)
-			rc.close(false)
+			rc.mu.Lock()
+			// idle still: nothing was relayed since it was picked
+			if time.Duration(time.Now().UnixNano()-rc.last.Load()) >= p.idle {
+				rc.closedIdle = true
+				p.cut.Add(1)
+				rc.close(false)
+			}
+			rc.mu.Unlock()
 		}
 	}
 }

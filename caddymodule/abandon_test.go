@@ -91,7 +91,7 @@ func replicaLog(logs *observer.ObservedLogs, replica string) []string {
 	return out
 }
 
-// abandonSite is the README's core snippet with response_header_timeout
+// abandonSite is the core snippet of docs/failures.md with response_header_timeout
 // 10m, clients that give up long before it, and a short fail_cooldown.
 func abandonSite(model string, dials []string) string {
 	return fmt.Sprintf(`

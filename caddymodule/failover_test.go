@@ -21,7 +21,7 @@ import (
 	"github.com/lmwarden/caddy-lmwarden/internal/convkey"
 )
 
-// coreSite is the README's core snippet with the emulator's replicas as the
+// coreSite is the core snippet of docs/failures.md with the emulator's replicas as the
 // upstreams: no health checks, no retries. rht is the response header
 // timeout; extra adds lines to the policy's block ("" = the defaults).
 func coreSite(model string, dials []string, rht, extra string) string {
@@ -334,7 +334,7 @@ func checkFaultStage(t *testing.T, log []turnLog, dead string, tFault, tOut, tBa
 	return f
 }
 
-// startFaultStage loads the README's core snippet for model in front of
+// startFaultStage loads the core snippet of docs/failures.md for model in front of
 // dials (response_header_timeout rht, extra lines in the policy's block),
 // runs eight agents through it for
 // three seconds and starts watching the card of the busiest replica, the one

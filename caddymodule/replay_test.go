@@ -286,7 +286,7 @@ func runSpaced(t *testing.T, prefix string, sr spacedRun) (sent int, failed []st
 }
 
 // replayCase runs one case: three emulated replicas, each behind an
-// idleProxy, the README's core snippet in front. wantReplays: the case
+// idleProxy, the core snippet of docs/failures.md in front. wantReplays: the case
 // must make the handler send turns again (every kept-alive connection is
 // reset or dropped under the next request).
 func replayCase(t *testing.T, idle time.Duration, mode idleMode, sr spacedRun, restartEvery int, wantReplays bool) {

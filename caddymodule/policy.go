@@ -590,7 +590,7 @@ func (p *Policy) wantsBody(st *routeState) bool {
 			return st.noStart
 		}
 	}
-	return p.m.router.Admission().Active
+	return p.m.router.AdmissionActive()
 }
 
 // Select chooses the upstream for one attempt of a request. It never

@@ -638,3 +638,24 @@ func TestAdmissionHoldsRatherThanTryAnOutReplica(t *testing.T) {
 	}
 	tk.Cancel()
 }
+
+// TestAdmissionActiveMatchesSnapshot: the cheap accessor says what the
+// snapshot says, before and after the capacities are known and when
+// admission is switched off.
+func TestAdmissionActiveMatchesSnapshot(t *testing.T) {
+	t.Parallel()
+	r := newTestRouter(2, Config{})
+	if r.AdmissionActive() != r.Admission().Active || r.AdmissionActive() {
+		t.Fatal("in force before any replica was polled")
+	}
+	for _, id := range ids(2) {
+		r.UpdateLoad(id, Load{Reachable: true, KVTokens: 10000})
+	}
+	if !r.AdmissionActive() || !r.Admission().Active {
+		t.Fatal("not in force with every capacity known")
+	}
+	r.SetAdmission(false)
+	if r.AdmissionActive() || r.Admission().Active {
+		t.Fatal("in force after SetAdmission(false)")
+	}
+}

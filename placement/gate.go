@@ -105,6 +105,15 @@ func (r *Router) Waiting() int {
 	return len(r.adm.queue)
 }
 
+// AdmissionActive reports whether working-set admission is in force (see
+// AdmissionSnapshot.Active), without summing the replicas' working sets as
+// Admission does.
+func (r *Router) AdmissionActive() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.adm.on
+}
+
 // Admission returns the state of working-set admission, with the
 // replicas' working sets and capacities summed, without the rest of
 // Snapshot.

@@ -200,27 +200,26 @@ func (p *idleProxy) sweep() {
 // the client, as a replica restarted with its host or container does: the
 // client's next request on such a connection is reset.
 func (p *idleProxy) restarted() {
-	p.mu.Lock()
-	all := make([]*relayConn, 0, len(p.conns))
-	for rc := range p.conns {
-		all = append(all, rc)
-	}
-	p.mu.Unlock()
-	for _, rc := range all {
+	for _, rc := range p.open() {
 		rc.dead.Store(true)
 		rc.u.Close()
 	}
 }
 
-// dropAll closes every connection.
-func (p *idleProxy) dropAll() {
+// open returns the connections relayed now.
+func (p *idleProxy) open() []*relayConn {
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	all := make([]*relayConn, 0, len(p.conns))
 	for rc := range p.conns {
 		all = append(all, rc)
 	}
-	p.mu.Unlock()
-	for _, rc := range all {
+	return all
+}
+
+// dropAll closes every connection.
+func (p *idleProxy) dropAll() {
+	for _, rc := range p.open() {
 		rc.close(false)
 	}
 }

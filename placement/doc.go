@@ -236,7 +236,9 @@
 // raises every share. ReplicaSnapshot.Full shows the working set at the
 // mark, until it falls below (HighWater − AdmitHysteresis) × capacity.
 // Where it fits nowhere, Admit returns a Ticket: the request waits, in
-// arrival order (a later one never overtakes an earlier one), until room
+// arrival order (a later new conversation never overtakes an earlier one;
+// it may overtake a paused conversation's turn that fits nowhere, see
+// timeslice.go), until room
 // appears — a turn ends or a conversation goes quiet (AdmitWaiting, called
 // periodically, notices that), a binding is dropped, a replica joins — or
 // until it has waited AdmitWait, when it is placed on the best replica

@@ -548,15 +548,16 @@ func (r *Router) placeNew(req Request, h, parent uint64, now int64, queue bool) 
 		return Decision{}, nil, ErrUnread
 	}
 	if queue && len(r.adm.queue) > 0 {
-		// earlier arrivals go first: this one waits behind them unless
-		// room lets them all in now
+		// new conversations start in arrival order: this one waits behind
+		// those waiting unless room lets them in now; the turns of paused
+		// conversations it may pass (see admitQueued)
 		r.adm.admitQueued(now)
 		// an earlier request of this conversation waited and was
 		// admitted just now: this one follows it
 		if d, ok := r.adm.follow(r.lookup(h, now), now); ok {
 			return d, nil, nil
 		}
-		if len(r.adm.queue) > 0 {
+		if r.adm.newWaiting() {
 			return r.adm.queueNew(req, h, est, now)
 		}
 	}

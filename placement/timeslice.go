@@ -7,7 +7,9 @@ import "time"
 // is paused at the end of a turn: it leaves its replica's working set, and
 // its next turn waits in the admission queue, behind those that waited
 // before it, until it fits again. Paused and new conversations share the
-// queue, its order and its rules; when nothing waits, nothing is paused.
+// queue and its order, with one exception: a new conversation that fits
+// somewhere starts past paused turns that fit nowhere (admitQueued); when
+// nothing waits, nothing is paused.
 
 const (
 	// flagPaused: the conversation was paused at a turn boundary; its next

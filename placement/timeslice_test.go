@@ -214,3 +214,120 @@ func TestTimeSlicing(t *testing.T) {
 		})
 	}
 }
+
+// pauseNow pauses key's conversation at a turn boundary as maybePause
+// does when its replica runs out of room.
+func pauseNow(t *testing.T, r *Router, key string) {
+	t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e, ok := r.b.idx[r.hash(key)]
+	if !ok {
+		t.Fatalf("%s is not bound", key)
+	}
+	en := &r.b.ents[e]
+	r.setPaused(en, true)
+	en.runs = 0
+	r.reps[en.rep].demandAt = 0
+}
+
+func boundTo(r *Router, key string) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e, ok := r.b.idx[r.hash(key)]
+	if !ok {
+		return ""
+	}
+	return r.reps[r.b.ents[e].rep].id
+}
+
+// TestQueueOrder: new conversations start in arrival order, and nothing
+// passes one that fits nowhere; a new conversation that fits somewhere
+// starts past a paused turn that fits nowhere, whose room it cannot take.
+func TestQueueOrder(t *testing.T) {
+	t.Parallel()
+	// a on one replica, c in the room b left on the other when it was
+	// paused; 15k of KV each, the engines' KV full, so that no replica
+	// idles and conversations go only where they fit
+	setup := func(t *testing.T, bSize int) (*Router, time.Time) {
+		r := admitRouter(2, 15000, Config{})
+		for _, id := range ids(2) {
+			r.UpdateLoad(id, Load{Reachable: true, KVTokens: 15000, KVUsage: 1})
+		}
+		// a's 20 turns make 6.1k what conversations grow to (the 90th
+		// percentile of recent turns), whatever b's one turn adds; its
+		// 2 s pauses keep it resident for 4 s after a turn
+		now := t0
+		for range 20 {
+			now = runTurn(t, r, "a", 6000, now).Add(2 * time.Second)
+		}
+		now = runTurn(t, r, "b", bSize, now)
+		if boundTo(r, "a") == boundTo(r, "b") {
+			t.Fatalf("a and b both on %s; the case needs them apart", boundTo(r, "a"))
+		}
+		pauseNow(t, r, "b")
+		// c's request says 9k, which fits only where b was; the engine
+		// counts 6k
+		d, tc := admitTurn(t, r, "c", 9000, now)
+		if tc != nil || d.Replica != boundTo(r, "b") {
+			t.Fatalf("c waits %v, on %s; the case needs it in b's room on %s", tc != nil, d.Replica, boundTo(r, "b"))
+		}
+		now = now.Add(time.Second)
+		finishTurn(r, "c", d, now, 6000, 0, 100)
+		return r, now
+	}
+	t.Run("a new conversation starts past a paused turn that fits nowhere", func(t *testing.T) {
+		r, now := setup(t, 8000)
+		// b resumes by its actual size under the low mark (13.5k):
+		// 8.1k beside 6.1k fits neither replica
+		_, tb := admitTurn(t, r, "b", 8200, now)
+		if tb == nil {
+			t.Fatal("b's turn after its pause did not wait")
+		}
+		r.AdmitWaiting(now)
+		if isReady(tb) {
+			t.Fatal("b resumed beside 6.1k on a 15k replica; the case needs it to fit nowhere")
+		}
+		// d, counted at what conversations grow to (6.1k), fits beside 6.1k
+		d, td := admitTurn(t, r, "d", 1000, now)
+		if td != nil {
+			t.Fatal("d waited behind b's paused turn, which cannot use the room d fits in")
+		}
+		d.Release()
+		if isReady(tb) {
+			t.Fatal("b resumed when d was placed")
+		}
+		checkInvariants(t, r)
+	})
+	t.Run("a paused turn that fits waits behind a new conversation that does not", func(t *testing.T) {
+		r, now := setup(t, 6000)
+		_, td := admitTurn(t, r, "d", 10000, now) // 6.1k + 10k > 15k
+		if td == nil {
+			t.Fatal("d was placed; the case needs it to fit nowhere")
+		}
+		_, tb := admitTurn(t, r, "b", 6200, now) // 6.1k + 6.1k would fit
+		if tb == nil {
+			t.Fatal("b's turn after its pause did not wait")
+		}
+		r.AdmitWaiting(now)
+		if isReady(tb) || isReady(td) {
+			t.Fatalf("b resumed %v, d admitted %v; want both waiting: b behind d", isReady(tb), isReady(td))
+		}
+		// c's conversation ends: d gets its room first, then b resumes
+		r.End("c", now)
+		if !isReady(td) || !isReady(tb) {
+			t.Fatalf("after c ended: d admitted %v, b resumed %v; want both", isReady(td), isReady(tb))
+		}
+		for _, tk := range []*Ticket{td, tb} {
+			dec, err := tk.Decision()
+			if err != nil {
+				t.Fatal(err)
+			}
+			dec.Release()
+		}
+		if boundTo(r, "d") == boundTo(r, "b") {
+			t.Fatalf("d and b both on %s", boundTo(r, "d"))
+		}
+		checkInvariants(t, r)
+	})
+}

@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -91,10 +92,17 @@ func adminMetrics(t *testing.T) map[string]*dto.MetricFamily {
 	t.Helper()
 	var text string
 	adminJSON(t, "/metrics", &text)
+	return parseExposition(t, "admin /metrics", strings.NewReader(text))
+}
+
+// parseExposition parses Prometheus text exposition with expfmt, failing
+// the test (naming what) when it does not parse.
+func parseExposition(t *testing.T, what string, r io.Reader) map[string]*dto.MetricFamily {
+	t.Helper()
 	parser := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := parser.TextToMetricFamilies(strings.NewReader(text))
+	fams, err := parser.TextToMetricFamilies(r)
 	if err != nil {
-		t.Fatalf("admin /metrics: %v", err)
+		t.Fatalf("%s: %v", what, err)
 	}
 	return fams
 }

@@ -14,8 +14,6 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 )
 
 // modelFirstBody is a first request as Claude Code orders it: the model
@@ -62,12 +60,7 @@ func emulatorMetrics(t *testing.T, url string) map[string]*dto.MetricFamily {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := parser.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return fams
+	return parseExposition(t, url+"/metrics", resp.Body)
 }
 
 // waitLong is waitFor with a longer bound, for conditions that need a

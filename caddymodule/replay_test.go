@@ -362,17 +362,8 @@ func replayCase(t *testing.T, idle time.Duration, mode idleMode, sr spacedRun, r
 	if n := modelCounterSum(t, "lm_warden_requests_total", model); n != float64(sent) {
 		byReason := map[string]float64{}
 		for _, m := range adminMetrics(t)["lm_warden_requests_total"].GetMetric() {
-			var mo, re string
-			for _, l := range m.GetLabel() {
-				switch l.GetName() {
-				case "model":
-					mo = l.GetValue()
-				case "reason":
-					re = l.GetValue()
-				}
-			}
-			if mo == model {
-				byReason[re] += m.GetCounter().GetValue()
+			if labelOf(m.GetLabel(), "model") == model {
+				byReason[labelOf(m.GetLabel(), "reason")] += m.GetCounter().GetValue()
 			}
 		}
 		t.Errorf("lm_warden_requests_total %v for %d turns: by reason %v, the turns' own %v", n, sent, byReason, reasons)
@@ -412,10 +403,8 @@ func sum(m map[string]float64) (s float64) {
 func modelCounterSum(t *testing.T, name, model string) (sum float64) {
 	t.Helper()
 	for _, m := range adminMetrics(t)[name].GetMetric() {
-		for _, l := range m.GetLabel() {
-			if l.GetName() == "model" && l.GetValue() == model {
-				sum += m.GetCounter().GetValue()
-			}
+		if labelOf(m.GetLabel(), "model") == model {
+			sum += m.GetCounter().GetValue()
 		}
 	}
 	return sum
@@ -425,16 +414,7 @@ func modelCounterSum(t *testing.T, name, model string) (sum float64) {
 func replicaCounter(t *testing.T, name, model, replica string) float64 {
 	t.Helper()
 	for _, m := range adminMetrics(t)[name].GetMetric() {
-		var mo, re string
-		for _, l := range m.GetLabel() {
-			switch l.GetName() {
-			case "model":
-				mo = l.GetValue()
-			case "replica":
-				re = l.GetValue()
-			}
-		}
-		if mo == model && re == replica {
+		if labelOf(m.GetLabel(), "model") == model && labelOf(m.GetLabel(), "replica") == replica {
 			return m.GetCounter().GetValue()
 		}
 	}

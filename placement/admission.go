@@ -49,10 +49,6 @@ const (
 // and Config.AdmitQueue conversations are waiting already.
 var ErrQueueFull = errors.New("placement: admission queue is full")
 
-// ErrUnread is returned by Admit for a new conversation under admission
-// whose request says its body has not arrived in full (Request.Unread).
-var ErrUnread = errors.New("placement: the request's body is not read yet")
-
 // admission is working-set admission and time-slicing (timeslice.go): the
 // queue of conversations waiting for room, what it learned of turns and
 // pauses, and its counters. The router asks it through its methods; it

@@ -12,7 +12,6 @@ import (
 // replica that closed the connection counts a replay.
 func TestReplayCountsOnce(t *testing.T) {
 	t.Parallel()
-	t0 := time.Unix(1_800_000_000, 0)
 	type counts struct {
 		requests, keyed, sticky uint64
 		placed, stuck, replaced uint64
@@ -88,7 +87,6 @@ func TestReplayCountsOnce(t *testing.T) {
 // there, and no panic.
 func TestReplayWithForgottenReplica(t *testing.T) {
 	t.Parallel()
-	t0 := time.Unix(1_800_000_000, 0)
 	r := newTestRouter(4, Config{IdleTTL: time.Minute})
 	r.SetReplicas(ids(3))
 	now := t0.Add(2 * time.Minute)

@@ -61,13 +61,6 @@ type Request struct {
 	// body's size); 0 = unknown. Admission counts a conversation with it
 	// until the engine reports the context (Feedback).
 	Tokens int
-	// Unread reports that the request's body has not arrived in full. A
-	// new conversation that admission may queue is then neither placed
-	// nor queued: Admit returns ErrUnread and counts nothing, and the
-	// caller routes the request again once its body is in. A client that
-	// stalls its body so holds no place in the queue and no room in a
-	// replica's working set.
-	Unread bool
 	// Replay, when set, is the decision of this request's earlier attempt,
 	// which met a connection its replica had closed before any byte of an
 	// answer came (the replica never started the turn) and is sent again.
@@ -443,9 +436,6 @@ func (r *Router) route(req Request, queue bool) (Decision, *Ticket, error) {
 	r.adm.arrive(e, req.Tokens, now) // learnt with admission off too
 	if r.b.ents[e].flags&flagPaused != 0 {
 		if queue && r.adm.on {
-			if req.Unread {
-				return Decision{}, nil, ErrUnread
-			}
 			if t := r.adm.queueTurn(req, e, h, now); t != nil {
 				return Decision{}, t, nil
 			}
@@ -544,9 +534,6 @@ func (r *Router) placeNew(req Request, h, parent uint64, now int64, queue bool) 
 		}
 	}
 	queue = queue && r.adm.on && !sub
-	if queue && req.Unread {
-		return Decision{}, nil, ErrUnread
-	}
 	if queue && len(r.adm.queue) > 0 {
 		// new conversations start in arrival order: this one waits behind
 		// those waiting unless room lets them in now; the turns of paused

@@ -9,10 +9,10 @@ import (
 
 // TestAdmissionNeverHoldsWhileAReplicaIsIdle drives admission through real
 // Caddy and two emulated replicas whose working sets are full by the
-// estimate (conversations stay resident for admit_window 10m after their
-// turn) while their engines have nothing to do: a new conversation is
-// admitted at once; then sessions finish and new ones arrive, and none
-// waits while a replica is idle.
+// estimate (a conversation that has not paused yet stays resident for
+// admit_window 10m after its turn) while their engines have nothing to do:
+// a new conversation is admitted at once, past the estimate; then sessions
+// take two turns each, back to back, and new ones arrive, and none waits.
 func TestAdmissionNeverHoldsWhileAReplicaIsIdle(t *testing.T) {
 	const model = "adm-idle"
 	_, dials := startEmulator(t, 2, 50)
@@ -37,13 +37,24 @@ func TestAdmissionNeverHoldsWhileAReplicaIsIdle(t *testing.T) {
 	if r := sendTurn(t, "/v1/messages", bigTurn("C"), session("C")); r.status != 200 || r.reason != "placed" {
 		t.Fatalf("C: %d %s %s", r.status, r.reason, r.body)
 	}
-	if a := getCard(t, model).Admission; a.Queued != 0 {
+	a := getCard(t, model).Admission
+	if a.Queued != 0 {
 		t.Fatalf("C waited for admission (queued %d, %v) with both replicas idle", a.Queued, time.Since(start))
+	}
+	// C's replica holds more than its 3,000 tokens (kv_tokens) by the
+	// estimate: admitted past it
+	over := false
+	for _, row := range getCard(t, model).Replicas {
+		over = over || row.WorkingSetTokens > 3000
+	}
+	if !over {
+		t.Fatal("no replica over its capacity by the estimate after C: the estimate did not say full, the test shows nothing")
 	}
 
 	// the newcomer scenario: sessions take their turns and finish, new
-	// ones arrive one after another; no request ever waits in the queue,
-	// since a replica is idle whenever one arrives
+	// ones arrive one after another; no request ever waits in the queue
+	// (a replica is idle whenever one arrives, and a finished session,
+	// whose pause was milliseconds, stops counting milliseconds later)
 	for i := range 6 {
 		id := fmt.Sprint("new-", i)
 		for turn := range 2 {
@@ -53,14 +64,8 @@ func TestAdmissionNeverHoldsWhileAReplicaIsIdle(t *testing.T) {
 			}
 		}
 	}
-	a := getCard(t, model).Admission
+	a = getCard(t, model).Admission
 	if a.Queued != 0 || a.AdmittedAtLimit != 0 || a.Waiting != 0 {
 		t.Fatalf("newcomers waited with idle replicas: queued %d, at the limit %d, waiting %d", a.Queued, a.AdmittedAtLimit, a.Waiting)
-	}
-	// the estimate was over the caches: the working set outgrew them, or
-	// time-slicing paused conversations that finished their turns (they
-	// went quiet here) to keep it within them
-	if a.WorkingSetTokens <= a.CapacityTokens && a.PausedTotal == 0 {
-		t.Fatalf("working set %d within the capacity %d and nothing paused: the estimate never held anyone back, the test shows nothing", a.WorkingSetTokens, a.CapacityTokens)
 	}
 }

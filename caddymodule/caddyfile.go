@@ -104,44 +104,24 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 // UnmarshalCaddyfile sets up the policy from the tokens of
 //
 //	lb_policy lm_warden [<model>] {
-//	    # placement
 //	    model              <name>
 //	    max_num_seqs       <n>
 //	    data_parallel_size <n>
 //	    affinity           on|off
-//	    spill_threshold    auto|<n>
-//	    spill_waiting      off|<n>
-//	    idle_ttl           <duration>
-//	    active_window      <duration>
-//	    max_sessions       <n>
-//	    # failures
-//	    fail_after         <n>
-//	    fail_cooldown      <duration>
-//	    abandon_after      off|<n>
-//	    # admission
 //	    admission          on|off
 //	    kv_tokens          <n>
-//	    admit_high_water   <fraction>
-//	    admit_window       <duration>
-//	    admit_wait         <duration>
 //	    admit_queue        <n>
-//	    rotate_turns       off|<n>
-//	    # store
 //	    store redis { ... }  (see unmarshalStore)
-//	    # tuning
-//	    poll_interval      <duration>
-//	    poll_timeout       <duration>
 //	    metrics_path       <path>
 //	    engine             auto|vllm|sglang|llamacpp|tgi
 //	    poll_scheme        http|https
 //	    client_pin_header  <header>
 //	    route_header       on|off
-//	    bytes_per_token    <n>
 //	}
 //
 // The model may also be given inline: `lb_policy lm_warden <name>`. Every
-// switch takes on|off (true|false too); a count that can be turned off takes
-// off, spill_threshold's automatic value is auto.
+// switch takes on|off (true|false too). The deprecated options
+// (deprecatedOptions) still load, and Provision warns of each.
 func (p *Policy) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // policy name
 	if d.NextArg() {
@@ -162,46 +142,16 @@ func (p *Policy) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			p.DataParallelSize, err = parsePositive(d)
 		case "affinity":
 			p.Affinity, err = parseSwitch(d)
-		case "spill_threshold":
-			p.SpillThreshold, err = parsePositiveOr(d, opt, "auto", 0)
-		case "spill_waiting":
-			p.SpillWaiting, err = parsePositiveOr(d, opt, "off", 0)
-		case "idle_ttl":
-			p.IdleTTL, err = parseDuration(d, opt)
-		case "active_window":
-			p.ActiveWindow, err = parseDuration(d, opt)
-		case "max_sessions":
-			p.MaxSessions, err = parsePositive(d)
-		// failures
-		case "fail_after":
-			p.FailAfter, err = parsePositive(d)
-		case "fail_cooldown":
-			p.FailCooldown, err = parseDuration(d, opt)
-		case "abandon_after":
-			p.AbandonAfter, err = parsePositiveOr(d, opt, "off", -1)
 		// admission
 		case "admission":
 			p.Admission, err = parseSwitch(d)
 		case "kv_tokens":
 			p.KVTokens, err = parsePositive(d)
-		case "admit_high_water":
-			p.AdmitHighWater, err = parsePositiveFloat(d, opt)
-		case "admit_window":
-			p.AdmitWindow, err = parseDuration(d, opt)
-		case "admit_wait":
-			p.AdmitWait, err = parseDuration(d, opt)
 		case "admit_queue":
 			p.AdmitQueue, err = parsePositive(d)
-		case "rotate_turns":
-			p.RotateTurns, err = parsePositiveOr(d, opt, "off", -1)
-		// store
 		case "store":
 			err = p.unmarshalStore(d)
-		// tuning
-		case "poll_interval":
-			p.PollInterval, err = parseDuration(d, opt)
-		case "poll_timeout":
-			p.PollTimeout, err = parseDuration(d, opt)
+		// the replicas' metrics
 		case "metrics_path":
 			p.MetricsPath, err = parseArg(d)
 			if err == nil && !strings.HasPrefix(p.MetricsPath, "/") {
@@ -222,10 +172,12 @@ func (p *Policy) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			p.ClientPinHeader, err = parseArg(d)
 		case "route_header":
 			p.RouteHeader, err = parseSwitch(d)
-		case "bytes_per_token":
-			p.BytesPerToken, err = parsePositiveFloat(d, opt)
 		default:
-			err = d.Errf("unrecognized lm_warden policy option %q", opt)
+			if dep, ok := deprecatedOptions[opt]; ok {
+				err = dep.parse(p, d, opt)
+			} else {
+				err = d.Errf("unrecognized lm_warden policy option %q", opt)
+			}
 		}
 		if err != nil {
 			return err

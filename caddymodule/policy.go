@@ -73,6 +73,8 @@ type Policy struct {
 
 	// Running requests above which a replica is over the threshold and new
 	// turns spill to another replica. 0 means auto: max(1, max_num_seqs/4).
+	//
+	// Deprecated: loads with a warning in this release (deprecated.go).
 	SpillThreshold int `json:"spill_threshold,omitempty"`
 
 	// Requests waiting in a replica's vLLM queue (polled) at which its
@@ -80,6 +82,8 @@ type Policy struct {
 	// over the spill threshold. Under KV pressure vLLM runs fewer requests
 	// than the threshold and queues the rest, so the running count alone
 	// never moves a turn. 0 (the default) turns it off.
+	//
+	// Deprecated: loads with a warning in this release (deprecated.go).
 	SpillWaiting int `json:"spill_waiting,omitempty"`
 
 	// The model's --max-num-seqs per replica (vLLM does not publish it).
@@ -87,24 +91,36 @@ type Policy struct {
 	MaxNumSeqs int `json:"max_num_seqs,omitempty"`
 
 	// How long a conversation stays bound without a turn. Default 1h.
+	//
+	// Deprecated: loads with a warning in this release (deprecated.go).
 	IdleTTL caddy.Duration `json:"idle_ttl,omitempty"`
 
 	// How recently a conversation must have had a turn to count as active
 	// on its replica when placing new ones. Default 10m.
+	//
+	// Deprecated: loads with a warning in this release (deprecated.go).
 	ActiveWindow caddy.Duration `json:"active_window,omitempty"`
 
 	// Most conversations kept bound; the least recently used is dropped
 	// beyond it. Default 100000.
+	//
+	// Deprecated: loads with a warning in this release (deprecated.go).
 	MaxSessions int `json:"max_sessions,omitempty"`
 
 	// How often every replica's /metrics is polled. Default 1s.
+	//
+	// Deprecated: loads with a warning in this release (deprecated.go).
 	PollInterval caddy.Duration `json:"poll_interval,omitempty"`
 
 	// Timeout of one poll. Default: 80% of poll_interval.
+	//
+	// Deprecated: loads with a warning in this release (deprecated.go).
 	PollTimeout caddy.Duration `json:"poll_timeout,omitempty"`
 
 	// Failed polls in a row after which a replica counts as unreachable and
 	// its polled numbers are ignored. Default 3.
+	//
+	// Deprecated: loads with a warning in this release (deprecated.go).
 	FailAfter int `json:"fail_after,omitempty"`
 
 	// How long a replica stays out of placement after a request to it
@@ -112,6 +128,8 @@ type Policy struct {
 	// response_header_timeout, a 5xx answer, a stream cut); doubled for
 	// each further failure without a success between, up to 1m or 12 times
 	// this, whichever is longer. Default 5s.
+	//
+	// Deprecated: loads with a warning in this release (deprecated.go).
 	FailCooldown caddy.Duration `json:"fail_cooldown,omitempty"`
 
 	// How many turns in a row a replica must leave without response
@@ -121,6 +139,8 @@ type Policy struct {
 	// finds a hung replica when clients give up before the transport's
 	// response_header_timeout. Default 3; -1 (Caddyfile: off) turns it
 	// off.
+	//
+	// Deprecated: loads with a warning in this release (deprecated.go).
 	AbandonAfter int `json:"abandon_after,omitempty"`
 
 	// Path of the replicas' Prometheus metrics. Default /metrics.
@@ -163,15 +183,21 @@ type Policy struct {
 	// Share of a replica's KV capacity that new conversations may fill,
 	// counting every conversation at what conversations grow to.
 	// Default 1.0.
+	//
+	// Deprecated: loads with a warning in this release (deprecated.go).
 	AdmitHighWater float64 `json:"admit_high_water,omitempty"`
 
 	// Longest a conversation counts in its replica's working set after
 	// its last turn (shorter once its pauses between turns are known).
 	// Default 1m.
+	//
+	// Deprecated: loads with a warning in this release (deprecated.go).
 	AdmitWindow caddy.Duration `json:"admit_window,omitempty"`
 
 	// Longest a new conversation waits for room; it is then placed on the
 	// best replica anyway. Default 5m.
+	//
+	// Deprecated: loads with a warning in this release (deprecated.go).
 	AdmitWait caddy.Duration `json:"admit_wait,omitempty"`
 
 	// Most conversations waiting; beyond it new ones get 429 with
@@ -182,10 +208,14 @@ type Policy struct {
 	// conversation that has run this many turns since it was admitted is
 	// paused at the end of its turn for one that waits; -1 never rotates
 	// (nor pauses a conversation for an over-full replica). Default 8.
+	//
+	// Deprecated: loads with a warning in this release (deprecated.go).
 	RotateTurns int `json:"rotate_turns,omitempty"`
 
 	// Request body bytes per prompt token, to estimate a new
 	// conversation's size before the engine counts it. Default 4.
+	//
+	// Deprecated: loads with a warning in this release (deprecated.go).
 	BytesPerToken float64 `json:"bytes_per_token,omitempty"`
 
 	// Store shares the bindings with other front-ends through Redis or
@@ -284,6 +314,9 @@ func (p *Policy) Provision(ctx caddy.Context) error {
 	}
 	p.m = val.(*modelState)
 	p.logger = ctx.Logger()
+	for _, w := range p.deprecations() {
+		p.logger.Warn(w, zap.String("model", p.Model))
+	}
 	if !loaded {
 		// nobody else uses this state yet
 		p.apply()

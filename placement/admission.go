@@ -13,10 +13,6 @@ const (
 	// working set must fall, once it reached the mark, before the card
 	// stops showing it full (a fraction of its capacity).
 	AdmitHysteresis = 0.1
-	// minResidentShare: the shortest time a conversation counts in its
-	// replica's working set after its last turn ended is AdmitWindow over
-	// this (1 s of the default minute).
-	minResidentShare = 60
 	// residentGaps: a conversation whose pauses between turns are known
 	// counts for this many times its longest pause after a turn ends.
 	residentGaps = 2
@@ -180,8 +176,11 @@ func (a *admission) peak() int64 { return a.turnFP.quantile() }
 // resident is how long after its last turn ended the conversation still
 // counts in its replica's working set: twice its longest pause between
 // turns, or, before it paused, twice what conversations pause (the 90th
-// percentile of recent pauses), at least AdmitWindow/minResidentShare and
-// at most AdmitWindow; AdmitWindow before any pause was seen. a.mu held.
+// percentile of recent pauses), at most AdmitWindow; AdmitWindow before any
+// pause was seen. A conversation whose pauses are milliseconds (a client
+// in a closed loop) stops counting milliseconds after its turn: quiet for
+// much longer than it has ever paused, it has most likely ended, and what
+// its cache would save is then nothing. a.mu held.
 func (a *admission) resident(en *entry) int64 {
 	w := int64(a.cfg.AdmitWindow)
 	var g int64
@@ -193,7 +192,7 @@ func (a *admission) resident(en *entry) int64 {
 	default:
 		return w
 	}
-	return min(w, max(w/minResidentShare, residentGaps*g*int64(time.Millisecond)))
+	return min(w, residentGaps*g*int64(time.Millisecond))
 }
 
 // quiet reports whether the conversation of en, with no turn in flight,

@@ -205,8 +205,8 @@
 // those with a turn in flight there, and those whose last turn ended
 // recently — within twice their longest pause between turns, or, before
 // they paused, twice what conversations pause (the 90th percentile of
-// recent pauses); at least AdmitWindow/60, at most AdmitWindow, and
-// AdmitWindow before any pause was seen.
+// recent pauses); at most AdmitWindow, and AdmitWindow before any pause
+// was seen.
 // Each counts with its own part (its context as the engine counted it on
 // its last turn, prompt + completion, minus what new conversations find
 // cached on the replica: the system prompt, held once), but at least what

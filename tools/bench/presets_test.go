@@ -10,7 +10,9 @@ import (
 // The bench's run on llm-d-inference-sim (docs/other-engines.md, seed 1,
 // 60-second stages): output tok/min and prefix hits (%) of off and on,
 // and the default's output over off's at 16 sessions, where it holds
-// new conversations although nothing needs protecting.
+// new conversations although nothing needs protecting: 115,212 against
+// 154,924 tok/min in the run of the code that stopped counting a
+// conversation past twice its pauses (0.56–0.59× before).
 var llmdRecorded = []struct {
 	sessions int
 	mode     string
@@ -23,13 +25,13 @@ var llmdRecorded = []struct {
 	{16, ModeOn, 152141, 82.0},
 }
 
-const llmdDefaultOverOffLow, llmdDefaultOverOffHigh = 0.56, 0.59
+const llmdDefaultOverOff = 0.74
 
 // TestSimLLMDSimMatchesTheRecordedRun runs the llmd-sim preset at 8 and 16
 // sessions, where that run refused no turn of off: off and on within 20 %
 // of the recorded output and 5 points of its hits, and the default's
 // output at 16 sessions under off's, within 0.15 of the recorded
-// 0.56–0.59×. At 24 sessions the simulator refuses what this engine
+// 0.74×. At 24 sessions the simulator refuses what this engine
 // queues, so there is nothing to compare.
 func TestSimLLMDSimMatchesTheRecordedRun(t *testing.T) {
 	sweep(t)
@@ -59,10 +61,10 @@ func TestSimLLMDSimMatchesTheRecordedRun(t *testing.T) {
 		t.Fatal("no default stage at 16")
 	}
 	q := def.OutputTokensPerMin / off.OutputTokensPerMin
-	t.Logf("16 sessions: default %.0f tok/min, %.2f× off's (recorded %.2f–%.2f×), first-turn router wait p50 %.2f s",
-		def.OutputTokensPerMin, q, llmdDefaultOverOffLow, llmdDefaultOverOffHigh, def.WaitFirstP50S)
-	if q >= 1 || q < llmdDefaultOverOffLow-0.15 || q > llmdDefaultOverOffHigh+0.15 {
-		t.Errorf("16 sessions: the default gives %.2f× off's output, the recorded run %.2f–%.2f×", q, llmdDefaultOverOffLow, llmdDefaultOverOffHigh)
+	t.Logf("16 sessions: default %.0f tok/min, %.2f× off's (recorded %.2f×), first-turn router wait p50 %.2f s",
+		def.OutputTokensPerMin, q, llmdDefaultOverOff, def.WaitFirstP50S)
+	if q >= 1 || q < llmdDefaultOverOff-0.15 || q > llmdDefaultOverOff+0.15 {
+		t.Errorf("16 sessions: the default gives %.2f× off's output, the recorded run %.2f×", q, llmdDefaultOverOff)
 	}
 }
 

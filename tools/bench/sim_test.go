@@ -441,10 +441,10 @@ func TestSimAdmission(t *testing.T) {
 		// two conversations per replica fit; a session that finished
 		// and starts its next conversation at once finds the finished
 		// one still counted (the router cannot tell a finished agent
-		// from one running a tool) for the shortest resident time,
-		// AdmitWindow/60 = 1 s, and the queue is looked at again on the
-		// next poll: no first turn waits longer than that
-		if limit := (placement.DefaultAdmitWindow/60 + cfg.PollInterval).Seconds(); ad8.WaitFirstP95S > limit {
+		// from one running a tool) for twice its pauses, milliseconds
+		// here, and the queue is looked at again on the next poll: no
+		// first turn waits longer than a poll
+		if limit := cfg.PollInterval.Seconds(); ad8.WaitFirstP95S > limit {
 			t.Errorf("%s, 8 sessions: first turns waited %.2fs (p95) at the router; everything fits, want ≤ %.0fs", m, ad8.WaitFirstP95S, limit)
 		}
 		if ad8.OutputTokensPerMin < 0.97*on8.OutputTokensPerMin {
@@ -471,12 +471,21 @@ func TestSimAdmission(t *testing.T) {
 		}
 		// while conversations wait, an engine idles only where the
 		// conversations it held finished and their successors wait out
-		// the finished ones' shortest resident time and the next poll:
-		// at most that for each session that completed
-		floor := (placement.DefaultAdmitWindow/60 + cfg.PollInterval).Seconds()
-		if idle, most := ad.IdleWhileHeldS, floor*float64(ad.CompletedCounts); idle <= 0 || idle > most {
-			t.Errorf("%s, 24 sessions: engines idle %.0f replica·s while turns waited; want above 0 (the counter counts) and ≤ %.0f (%.0f s for each of %d completed sessions)", m, idle, most, floor, ad.CompletedCounts)
+		// the finished ones' resident time (milliseconds) and the next
+		// poll: at most a poll for each session that completed
+		poll := cfg.PollInterval.Seconds()
+		if idle, most := ad.IdleWhileHeldS, poll*float64(ad.CompletedCounts); idle > most {
+			t.Errorf("%s, 24 sessions: engines idle %.0f replica·s while turns waited; want ≤ %.0f (%.0f s for each of %d completed sessions)", m, idle, most, poll, ad.CompletedCounts)
 		}
+	}
+	// the counter counts: with 20 s pauses a conversation counts on its
+	// replica for twice its pause, and newcomers are held while a replica
+	// whose conversations all pause has nothing in flight
+	cfg.Workload.Think = 20 * time.Second
+	cfg.Stages, cfg.Modes = []int{16}, []string{ModeDefault}
+	slow := simLogged(t, cfg)
+	if st, _ := slow.Find(ModeDefault, 16); st.IdleWhileHeldS <= 0 || st.WaitFirstP50S+st.WaitFirstP95S <= 0 {
+		t.Errorf("default, 20 s pauses, 16 sessions: engines idle %.0f replica·s while turns waited (first-turn waits p50 %.2f s, p95 %.2f s); want above 0", st.IdleWhileHeldS, st.WaitFirstP50S, st.WaitFirstP95S)
 	}
 }
 

@@ -76,7 +76,7 @@ var deprecatedOptions = map[string]deprecatedOption{
 	"idle_ttl": durationOption(func(p *Policy) *caddy.Duration { return &p.IdleTTL },
 		"a conversation is forgotten an hour after its last turn, longer than an engine under load keeps its cache"),
 	"active_window": durationOption(func(p *Policy) *caddy.Duration { return &p.ActiveWindow },
-		"new conversations are placed by the working set, which counts each conversation for as long as its measured pauses say"),
+		"a conversation counts as active on its replica for 10 minutes after a turn when new ones are placed; under admission the working set, which counts it for twice its measured pauses, decides"),
 	"max_sessions": countOption(func(p *Policy) *int { return &p.MaxSessions }, positive,
 		"at most 100,000 conversations are kept bound (about 8 MB)"),
 	"fail_after": countOption(func(p *Policy) *int { return &p.FailAfter }, positive,

@@ -98,7 +98,7 @@ var deprecatedOptions = map[string]deprecatedOption{
 	"poll_timeout": durationOption(func(p *Policy) *caddy.Duration { return &p.PollTimeout },
 		"a poll times out at 80 % of the poll interval"),
 	"bytes_per_token": fractionOption(func(p *Policy) *float64 { return &p.BytesPerToken },
-		"a new conversation is sized at 4 bytes per token until the engine counts it"),
+		"a new conversation is sized by the bytes per token of the turns the engine has counted (4 before the first)"),
 }
 
 // deprecations returns a warning for every deprecated option p sets, in

@@ -213,7 +213,8 @@ type Policy struct {
 	RotateTurns int `json:"rotate_turns,omitempty"`
 
 	// Request body bytes per prompt token, to estimate a new
-	// conversation's size before the engine counts it. Default 4.
+	// conversation's size before the engine counts it. Default: the ratio
+	// of the turns the engine has counted (4 before the first).
 	//
 	// Deprecated: loads with a warning in this release (deprecated.go).
 	BytesPerToken float64 `json:"bytes_per_token,omitempty"`
@@ -262,16 +263,20 @@ func (p *Policy) routerConfig() placement.Config {
 	}
 }
 
-// DefaultBytesPerToken is bytes_per_token's default: request body bytes
-// per prompt token (see the field). The emulator's Anthropic and OpenAI
-// bodies of the reference workload measure 4.2 (its tokenizer counts about
-// four bytes of text per token, as real ones do for English; code tokenizes
-// denser, JSON escapes add bytes). The estimate counts only until the
-// engine reports the conversation's first turn.
+// DefaultBytesPerToken is the request body bytes per prompt token assumed
+// before the engine has answered a turn whose body size was known: the
+// emulator's Anthropic and OpenAI bodies of the reference workload measure
+// 4.2 (its tokenizer counts about four bytes of text per token, as real
+// ones do for English; code tokenizes denser, JSON escapes add bytes).
+// From the first such turn on, the model's own ratio applies
+// (modelState.sizes), unless bytes_per_token sets one.
 const DefaultBytesPerToken = 4.0
 
-// tokens estimates the prompt tokens of r from its body's size: its
-// Content-Length, or the body the handler read; 0 when unknown.
+// tokens estimates the prompt tokens of r from its body's size (its
+// Content-Length, or the body the handler read; 0 when unknown) and keeps
+// that size in st, for the model to learn its bytes per token when the
+// engine's count comes back. The estimate counts only until the engine
+// reports the conversation's first turn.
 func (p *Policy) tokens(r *http.Request, st *routeState) int {
 	n := r.ContentLength
 	if n <= 0 && st.rb.b != nil {
@@ -280,9 +285,10 @@ func (p *Policy) tokens(r *http.Request, st *routeState) int {
 	if n <= 0 {
 		return 0
 	}
+	st.bodyBytes = n
 	bpt := p.BytesPerToken
 	if bpt <= 0 {
-		bpt = DefaultBytesPerToken
+		bpt = p.m.sizes.Rate(DefaultBytesPerToken)
 	}
 	return int(min(float64(n)/bpt, 1<<31-1))
 }

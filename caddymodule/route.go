@@ -26,6 +26,7 @@ type routeState struct {
 	refused     bool       // the admission queue was full: answered 429
 	detached    bool       // routed without the handler: the slot is freed with the request context
 	rb          replayBody // the request body the handler read and put back (rb.b != nil), rewound on retries
+	bodyBytes   int64      // the body's size, when the policy knew it (Policy.tokens)
 	held        *heldTurn  // the request's admission ticket, from the policy (admission.go)
 	wantBody    bool       // the policy asks for the whole body before it routes (unread.go)
 	noStart     bool       // the body streams and its start was not in the part read (unread.go)
@@ -107,6 +108,9 @@ func (st *routeState) finished(status int, u *vllmstats.Usage, now time.Time) {
 	if u != nil && st.model != nil && status >= 200 && status < 300 {
 		st.model.completeUsage(st.dec.Replica, u)
 		st.model.recordUsage(st.dec.Replica, *u, now)
+		if u.Measured {
+			st.model.sizes.Observe(st.bodyBytes, u.PromptTokens)
+		}
 		first, total := st.timing(now)
 		st.model.feedback(st.key, st.dec, *u, first, total, now)
 	}

@@ -103,6 +103,9 @@ type modelState struct {
 	// reports tells an omitted cached count (0) from an unknown one for
 	// engines that leave out a 0 (SGLang)
 	reports vllmstats.CacheReports
+	// sizes: the request bytes per prompt token of the turns answered so
+	// far, which size new conversations (Policy.tokens)
+	sizes placement.SizeRate
 
 	mu        sync.Mutex
 	poller    *vllmstats.Poller

@@ -196,8 +196,9 @@ func LLMDSimEngineConfig() emulator.EngineConfig {
 // sessions in 60-second stages after 10 s of warm-up, off, on and the
 // default. The engines count tokens as the simulator's simple tokenizer
 // does (PromptsWords), and the router estimates a new conversation's
-// prompt from its bytes as the Caddy module does (4 bytes per token, its
-// bytes_per_token default), so it sees the same sizes as in that run.
+// prompt from its bytes as the Caddy module does (the bytes per token
+// learned from the turns answered so far, 4 before the first), so it sees
+// the same sizes as in that run.
 func LLMDSimConfig() SimConfig {
 	return SimConfig{
 		Workload:      DefaultWorkload(),

@@ -61,8 +61,9 @@ type SimConfig struct {
 	Prompts string
 	// BytesPerToken, when positive, makes the router estimate a turn's
 	// prompt from the bytes of its text, as the Caddy module estimates it
-	// from the body's size (bytes_per_token), instead of being told the
-	// engine's count. The module uses the estimate only until the engine
+	// from the body's size, instead of being told the engine's count: at
+	// the bytes per token learned from the turns finished so far
+	// (placement.SizeRate), and at BytesPerToken before the first. The module uses the estimate only until the engine
 	// reports the conversation's first turn, so only first turns differ;
 	// it matters where the engine counts tokens unlike the bench's
 	// workload (PromptsWords).
@@ -165,6 +166,9 @@ type simSlot struct {
 	renew bool
 	// answered: the engines' output tokens in hist since its start
 	answered int
+	// textBytes and textAnswered: the bytes of the text and the answers'
+	// tokens in the prompt of the turn last estimated (estimate)
+	textBytes, textAnswered int
 }
 
 // simWait is a turn held at the router for admission.
@@ -192,11 +196,13 @@ type simulator struct {
 	engines []*simEngine
 	byID    map[string]int
 	router  *placement.Router
-	peer    peers.Policy // the peer router of a peer mode
-	rng     *rand.Rand
-	robin   uint32
-	dp      *emulator.DPBalancer
-	now     time.Duration
+	// sizes: the bytes per token learned from finished turns (estimate)
+	sizes placement.SizeRate
+	peer  peers.Policy // the peer router of a peer mode
+	rng   *rand.Rand
+	robin uint32
+	dp    *emulator.DPBalancer
+	now   time.Duration
 	// stageStart is when the running stage began (waves count from it)
 	stageStart time.Duration
 	polls      []Poll
@@ -589,6 +595,10 @@ func (s *simulator) finishStep(i int) {
 				s.router.Feedback(placement.Turn{Key: t.slot.sess.ID, Replica: e.id, Reason: t.reason,
 					Prompt: len(t.req.Prompt), Cached: t.req.CachedTokens, Completion: len(t.req.Output),
 					FirstToken: t.rec.FirstToken - routed, Duration: s.now - routed})
+				if s.cfg.BytesPerToken > 0 {
+					sl := t.slot
+					s.sizes.Observe(int64(sl.textBytes), int64(len(t.req.Prompt)-sl.textAnswered))
+				}
 			}
 			sl := t.slot
 			sl.cur = nil
@@ -754,26 +764,27 @@ func noRelease(time.Time) {}
 
 // estimate is the prompt size the router is told for the slot's next
 // turn: the engine's count, or under BytesPerToken the bytes of the
-// turn's text over it (the engines' answers counted at their tokens).
+// turn's text over the bytes per token learned from the turns finished so
+// far (BytesPerToken before any), as the Caddy module sizes a request
+// (placement.SizeRate); the engines' answers are counted at their tokens.
+// It keeps the text's bytes and the answers' tokens on the slot, for the
+// observation when the turn ends.
 func (s *simulator) estimate(sl *simSlot, tokens int) int {
 	if s.cfg.BytesPerToken <= 0 {
 		return tokens
 	}
 	msgs := sl.sess.History(sl.sess.Turn())
+	n := len(sl.sess.System)
 	if sl.compacted && !sl.sess.Compacted(sl.sess.Turn()) {
 		// compacted here: the summary and the turns since
 		msgs = msgs[2*s.cfg.Workload.CompactAfter:]
-		n := len(s.gen.Summary(sl.sess))
-		for _, m := range msgs {
-			n += len(m.Text)
-		}
-		return int(float64(len(sl.sess.System)+n)/s.cfg.BytesPerToken) + sl.answered
+		n += len(s.gen.Summary(sl.sess))
 	}
-	n := len(sl.sess.System)
 	for _, m := range msgs {
 		n += len(m.Text)
 	}
-	return int(float64(n)/s.cfg.BytesPerToken) + sl.answered
+	sl.textBytes, sl.textAnswered = n, sl.answered
+	return int(float64(n)/s.sizes.Rate(s.cfg.BytesPerToken)) + sl.answered
 }
 
 // route picks the replica for one turn under the current mode, or, in the

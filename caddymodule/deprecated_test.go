@@ -125,3 +125,6 @@ func TestDeprecatedOptionWarnsAtLoad(t *testing.T) {
 		t.Fatalf("Caddy's log has no warning of fail_cooldown for the model:\n%s", b)
 	}
 }
+
+// deprecatedNames returns the deprecated options' names, sorted.
+func deprecatedNames() []string { return slices.Sorted(maps.Keys(deprecatedOptions)) }

@@ -2,7 +2,6 @@ package caddymodule
 
 import (
 	"encoding/json"
-	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -17,14 +16,7 @@ import (
 func TestBytesPerTokenLearnedFromTheEngine(t *testing.T) {
 	const model = "sizes-learned"
 	_, dials := startEmulator(t, 1, 50)
-	loadSite(t, fmt.Sprintf(`
-	lm_warden
-	reverse_proxy %s {
-		lb_policy lm_warden {
-			model %s
-		}
-		flush_interval -1
-	}`, dials[0], model))
+	loadSite(t, coreSite(model, dials, "30s", ""))
 	m, ok := lookupModel(model)
 	if !ok {
 		t.Fatalf("no model %s", model)

@@ -149,6 +149,8 @@ type Policy struct {
 	// The engine whose metric names the replicas export: auto (default:
 	// detected from each replica's first exposition), vllm, sglang,
 	// llamacpp or tgi.
+	//
+	// Deprecated: loads with a warning in this release (deprecated.go).
 	Engine string `json:"engine,omitempty"`
 
 	// Scheme used to poll the replicas: http (default) or https.

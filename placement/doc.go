@@ -169,9 +169,9 @@
 // rate(p) is p's prefill rate, learned from finished turns (Turn.FirstToken:
 // computed tokens ÷ time to first token, for turns computing at least 512
 // tokens). A queue only makes a turn look slower, so a faster turn sets the
-// rate and a slower one pulls it 5 % of the way. Before any turn taught it,
-// DefaultPrefillRate (2,000 tokens/s) applies, which makes moves look
-// costlier, never cheaper. The turn time is the mean of Turn.Duration
+// rate and a slower one pulls it a tenth of the way (meanWeight). Before
+// any turn taught it, DefaultPrefillRate (2,000 tokens/s) applies, which
+// makes moves look costlier, never cheaper. The turn time is the mean of Turn.Duration
 // (DefaultTurnTime, 10 s, before one finished). The factor 1.5 keeps noise
 // in the polled queues from moving conversations between replicas that
 // queue about as deep. The same estimate decides spills under admission

@@ -829,7 +829,8 @@ type AdmissionSnapshot struct {
 	// Oversized counts the new conversations placed at once on the
 	// emptiest replica because they fit none even empty.
 	Oversized uint64
-	// Time-slicing (timeslice.go): the quantum in turns (negative: off),
+	// Time-slicing (timeslice.go): the quantum in turns (0: none,
+	// negative: time-slicing off),
 	// the conversations paused now, and since the Router was created the
 	// pauses and the turns of paused conversations that waited.
 	RotateTurns              int

@@ -258,10 +258,11 @@
 // conversations need more KV at once than it holds, by their actual sizes
 // (the demand above, each at its context now, not what conversations grow
 // to), or when the engine queues requests while other conversations stay
-// there; and, after its quantum of Config.RotateTurns turns, when the first
-// of the queue is a paused conversation. A paused conversation leaves its
-// replica's working set; its next turn waits in the same queue, in the
-// same order, as a new conversation's first request, and resumes on its
+// there. There is no quantum by default: a conversation that fits runs
+// on, whoever waits (Config.RotateTurns sets one). A paused conversation
+// leaves its replica's working set; its next turn waits in the same
+// queue, in the same order, as a new conversation's first request, and
+// resumes on its
 // replica when it fits there under the low mark (HighWater −
 // AdmitHysteresis; some of its cache may be left), else on the replica
 // with the most room, or at AdmitWait anyway, so no conversation waits

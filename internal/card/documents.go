@@ -96,7 +96,8 @@ type AdmissionRow struct {
 	// when unknown).
 	WorkingSetTokens int64 `json:"working_set_tokens"`
 	CapacityTokens   int64 `json:"capacity_tokens"`
-	// Time-slicing: the quantum in turns (-1 off), the conversations paused
+	// Time-slicing: the quantum in turns (0 none, -1 time-slicing off), the
+	// conversations paused
 	// now, and since the router started the pauses and the turns of paused
 	// conversations that waited to resume.
 	RotateTurns int    `json:"rotate_turns"`

@@ -6,10 +6,10 @@ import "time"
 // outgrow its KV cache, one of them is paused at the end of a turn: it
 // leaves its replica's working set, and its next turn waits in the
 // admission queue, behind those that waited before it, until it fits
-// again. Paused and new conversations share the
-// queue and its order, with one exception: a new conversation that fits
-// somewhere starts past paused turns that fit nowhere (admitQueued); when
-// nothing waits, nothing is paused.
+// again. Paused and new conversations share the queue and its order, with
+// one exception: a new conversation that fits somewhere starts past paused
+// turns that fit nowhere (admitQueued). While everything fits, nothing is
+// paused.
 
 const (
 	// flagPaused: the conversation was paused at a turn boundary; its next

@@ -9,7 +9,6 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/dustin/go-humanize"
-	"github.com/lmwarden/caddy-lmwarden/vllmstats"
 )
 
 func init() {
@@ -113,7 +112,6 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 //	    admit_queue        <n>
 //	    store redis { ... }  (see unmarshalStore)
 //	    metrics_path       <path>
-//	    engine             auto|vllm|sglang|llamacpp|tgi
 //	    poll_scheme        http|https
 //	    client_pin_header  <header>
 //	    route_header       on|off
@@ -156,15 +154,6 @@ func (p *Policy) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			p.MetricsPath, err = parseArg(d)
 			if err == nil && !strings.HasPrefix(p.MetricsPath, "/") {
 				err = d.Errf("metrics_path must start with /: %q", p.MetricsPath)
-			}
-		case "engine":
-			var v string
-			if v, err = parseArg(d); err == nil {
-				if !validEngine(v) {
-					_, perr := vllmstats.ParseDialect(v)
-					return d.Err(perr.Error())
-				}
-				p.Engine = strings.ToLower(v)
 			}
 		case "poll_scheme":
 			p.PollScheme, err = parseArg(d)

@@ -3,9 +3,12 @@ package caddymodule
 import (
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	"github.com/lmwarden/caddy-lmwarden/vllmstats"
 )
 
 // Deprecated policy options.
@@ -49,6 +52,18 @@ func orWord(word string, value int) func(*caddyfile.Dispenser, string) (int, err
 	return func(d *caddyfile.Dispenser, opt string) (int, error) { return parsePositiveOr(d, opt, word, value) }
 }
 
+// parseEngine reads an engine name (auto, vllm, sglang, llamacpp or tgi).
+func parseEngine(d *caddyfile.Dispenser, _ string) (string, error) {
+	v, err := parseArg(d)
+	if err != nil {
+		return "", err
+	}
+	if _, err := vllmstats.ParseDialect(v); err != nil {
+		return "", d.Err(err.Error())
+	}
+	return strings.ToLower(v), nil
+}
+
 var deprecatedOptions = map[string]deprecatedOption{
 	"spill_threshold": option(func(p *Policy) *int { return &p.SpillThreshold }, orWord("auto", 0),
 		"the threshold follows max_num_seqs (a quarter of it), and a turn over it moves only when its time to first token is expected to be shorter elsewhere"),
@@ -73,11 +88,13 @@ var deprecatedOptions = map[string]deprecatedOption{
 	"admit_wait": option(func(p *Policy) *caddy.Duration { return &p.AdmitWait }, parseDuration,
 		"a new conversation waits for room at most 5 minutes, then goes to the best replica"),
 	"rotate_turns": option(func(p *Policy) *int { return &p.RotateTurns }, orWord("off", -1),
-		"time-slicing's quantum is 8 turns; admission off turns time-slicing off with it"),
+		"time-slicing has no quantum: a conversation is paused only when its replica's conversations outgrow the KV cache (a quantum of 8 turns re-prefilled every rotated agent and cost the fleet of agents 18–41 % of its output); admission off turns time-slicing off with it"),
 	"poll_interval": option(func(p *Policy) *caddy.Duration { return &p.PollInterval }, parseDuration,
 		"the replicas' metrics are read every second"),
 	"poll_timeout": option(func(p *Policy) *caddy.Duration { return &p.PollTimeout }, parseDuration,
 		"a poll times out at 80 % of the poll interval"),
+	"engine": option(func(p *Policy) *string { return &p.Engine }, parseEngine,
+		"the engine is detected from each server's metrics (the names its exposition carries most of), again whenever those names go away"),
 	"bytes_per_token": option(func(p *Policy) *float64 { return &p.BytesPerToken }, parsePositiveFloat,
 		"a new conversation is sized by the bytes per token of the turns the engine has counted (4 before the first)"),
 }

@@ -19,6 +19,7 @@ var deprecatedValues = map[string]string{
 	"max_sessions": "5000", "fail_after": "4", "fail_cooldown": "2s", "abandon_after": "off",
 	"admit_high_water": "0.9", "admit_window": "30s", "admit_wait": "2m", "rotate_turns": "4",
 	"poll_interval": "2s", "poll_timeout": "1500ms", "bytes_per_token": "3.5",
+	"engine": "sglang",
 }
 
 // TestDeprecatedOptionsLoadAndWarn: every deprecated option still parses
@@ -54,7 +55,6 @@ func TestDeprecatedOptionsLoadAndWarn(t *testing.T) {
 		kv_tokens 36800
 		admit_queue 64
 		metrics_path /metrics
-		engine vllm
 		poll_scheme http
 		client_pin_header X-Replica
 		route_header on

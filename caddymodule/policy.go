@@ -149,6 +149,8 @@ type Policy struct {
 	// The engine whose metric names the replicas export: auto (default:
 	// detected from each replica's first exposition), vllm, sglang,
 	// llamacpp or tgi.
+	//
+	// Deprecated: loads with a warning in this release (deprecated.go).
 	Engine string `json:"engine,omitempty"`
 
 	// Scheme used to poll the replicas: http (default) or https.
@@ -204,10 +206,12 @@ type Policy struct {
 	// Retry-After. Default 1024.
 	AdmitQueue int `json:"admit_queue,omitempty"`
 
-	// Time-slicing's quantum: while conversations wait for room, a
-	// conversation that has run this many turns since it was admitted is
-	// paused at the end of its turn for one that waits; -1 never rotates
-	// (nor pauses a conversation for an over-full replica). Default 8.
+	// Time-slicing's quantum: while a paused conversation waits first for
+	// room, a conversation that has run this many turns since it was
+	// admitted is paused at the end of its turn for it; -1 pauses nothing
+	// (not even for an over-full replica). Default: no quantum, a
+	// conversation is paused only when its replica's conversations
+	// outgrow the KV cache.
 	//
 	// Deprecated: loads with a warning in this release (deprecated.go).
 	RotateTurns int `json:"rotate_turns,omitempty"`

@@ -20,13 +20,16 @@ const (
 	// is assumed to grow to (see admission.peak).
 	peakQuantile = 0.9
 	peakTurns    = 128 // recent turns kept for it
-	// hitsDecay is the weight of a returning turn in a replica's hit rate
-	// (the share of its predicted cached prefix the engine delivered).
-	hitsDecay = 0.1
-	// hitsSpan is the fewest returning turns whose hit rate says a replica
-	// loses its conversations' caches (see losing): about the span of
-	// the mean.
-	hitsSpan = 8
+	// meanWeight is the weight of the newest observation in the router's
+	// exponential means — a replica's hit rate (the share of its predicted
+	// cached prefix the engine delivered on a returning turn), its mean
+	// turn time and how far a slower turn pulls its prefill rate — so each
+	// mean spans about its last meanSpan observations, and a mean is
+	// trusted once it has that many. One weight for all three: in every
+	// shape of the simulation, 0.05 or 0.1 for the rate and 8 or 10 for
+	// the span decided nothing differently.
+	meanWeight = 0.1
+	meanSpan   = int(1 / meanWeight)
 	// HitsLow: below this hit rate of its returning turns (hits falling) a
 	// replica confirms that it evicts its conversations' caches
 	// (AdmissionSnapshot.Strained).
@@ -433,17 +436,17 @@ func (p *replica) hit(share float64) {
 	if p.hitsN == 0 {
 		p.hits = share
 	} else {
-		p.hits += (share - p.hits) * hitsDecay
+		p.hits += (share - p.hits) * meanWeight
 	}
 	p.hitsN++
 }
 
 // losing reports whether the turns returning to p find less than HitsLow
-// of their caches, measured over at least hitsSpan of them: its
+// of their caches, measured over at least meanSpan of them: its
 // conversations' caches are evicted. It confirms the overcommit warning
 // (strained), and with admission holding newcomers back it says the wait
 // buys no cache hit (idle). a.mu held.
-func (p *replica) losing() bool { return p.hitsN >= hitsSpan && p.hits < HitsLow }
+func (p *replica) losing() bool { return p.hitsN >= uint64(meanSpan) && p.hits < HitsLow }
 
 // markFull updates p's hysteresis state (full) for its working set ws of
 // capacity c and returns the high-water mark in tokens. a.mu held.
@@ -826,7 +829,8 @@ type AdmissionSnapshot struct {
 	// Oversized counts the new conversations placed at once on the
 	// emptiest replica because they fit none even empty.
 	Oversized uint64
-	// Time-slicing (timeslice.go): the quantum in turns (negative: off),
+	// Time-slicing (timeslice.go): the quantum in turns (0: none,
+	// negative: time-slicing off),
 	// the conversations paused now, and since the Router was created the
 	// pauses and the turns of paused conversations that waited.
 	RotateTurns              int

@@ -27,10 +27,6 @@ const (
 	DefaultAdmitWindow = time.Minute
 	DefaultAdmitWait   = 5 * time.Minute
 	DefaultAdmitQueue  = 1024
-	// DefaultRotateTurns is time-slicing's quantum (timeslice.go): the
-	// turns a conversation runs after it was admitted before it may be
-	// paused for one that waits.
-	DefaultRotateTurns = 8
 )
 
 // Config holds a Router's policy settings. Zero fields take the defaults.
@@ -93,11 +89,12 @@ type Config struct {
 	// AdmitQueue is the most conversations that may wait; beyond it Admit
 	// refuses new ones with ErrQueueFull (default DefaultAdmitQueue).
 	AdmitQueue int
-	// RotateTurns is the quantum of turn-boundary time-slicing: while
-	// conversations wait for room, one that has run this many turns since
-	// it was admitted is paused at the end of its turn and its next turn
-	// waits its turn in the queue (default DefaultRotateTurns; negative:
-	// never).
+	// RotateTurns, when positive, is a quantum for turn-boundary
+	// time-slicing: while a paused conversation waits first in the queue,
+	// one that has run this many turns since it was admitted is paused at
+	// the end of its turn for it. 0 (the default): no quantum, a
+	// conversation is paused only when its replica's conversations outgrow
+	// the KV cache; negative: time-slicing off, nothing is paused.
 	RotateTurns int
 }
 
@@ -149,9 +146,6 @@ func (c Config) withDefaults() Config {
 	}
 	if c.AdmitQueue <= 0 {
 		c.AdmitQueue = DefaultAdmitQueue
-	}
-	if c.RotateTurns == 0 {
-		c.RotateTurns = DefaultRotateTurns
 	}
 	return c
 }

@@ -169,9 +169,9 @@
 // rate(p) is p's prefill rate, learned from finished turns (Turn.FirstToken:
 // computed tokens ÷ time to first token, for turns computing at least 512
 // tokens). A queue only makes a turn look slower, so a faster turn sets the
-// rate and a slower one pulls it 5 % of the way. Before any turn taught it,
-// DefaultPrefillRate (2,000 tokens/s) applies, which makes moves look
-// costlier, never cheaper. The turn time is the mean of Turn.Duration
+// rate and a slower one pulls it a tenth of the way (meanWeight). Before
+// any turn taught it, DefaultPrefillRate (2,000 tokens/s) applies, which
+// makes moves look costlier, never cheaper. The turn time is the mean of Turn.Duration
 // (DefaultTurnTime, 10 s, before one finished). The factor 1.5 keeps noise
 // in the polled queues from moving conversations between replicas that
 // queue about as deep. The same estimate decides spills under admission
@@ -258,10 +258,11 @@
 // conversations need more KV at once than it holds, by their actual sizes
 // (the demand above, each at its context now, not what conversations grow
 // to), or when the engine queues requests while other conversations stay
-// there; and, after its quantum of Config.RotateTurns turns, when the first
-// of the queue is a paused conversation. A paused conversation leaves its
-// replica's working set; its next turn waits in the same queue, in the
-// same order, as a new conversation's first request, and resumes on its
+// there. There is no quantum by default: a conversation that fits runs
+// on, whoever waits (Config.RotateTurns sets one). A paused conversation
+// leaves its replica's working set; its next turn waits in the same
+// queue, in the same order, as a new conversation's first request, and
+// resumes on its
 // replica when it fits there under the low mark (HighWater −
 // AdmitHysteresis; some of its cache may be left), else on the replica
 // with the most room, or at AdmitWait anyway, so no conversation waits

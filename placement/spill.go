@@ -26,11 +26,6 @@ const (
 	// its replica's prefill rate: below it the time to first token is
 	// mostly the engine's step overhead.
 	minRateTokens = 512
-	// rateDecay is how far a slower turn pulls the learned rate toward its
-	// own (a faster one sets it).
-	rateDecay = 0.05
-	// turnDecay is the weight of a finished turn in the mean turn time.
-	turnDecay = 0.1
 	// recentSpills is how many spill decisions Snapshot reports.
 	recentSpills = 8
 )
@@ -184,7 +179,7 @@ func (r *Router) room(q *replica, tokens int64) bool {
 // routed there: computed tokens over its time to first token, and its
 // time from routing to its end. A turn's rate can only understate the
 // replica's (a queue ahead of it adds to its time), so a faster turn sets
-// the rate and a slower one pulls it rateDecay of the way. r.mu held.
+// the rate and a slower one pulls it meanWeight of the way. r.mu held.
 func (p *replica) learn(t Turn) {
 	c := &p.cost
 	if computed := t.Prompt - min(t.Cached, t.Prompt); computed >= minRateTokens && t.FirstToken > 0 {
@@ -192,14 +187,14 @@ func (p *replica) learn(t Turn) {
 		if rate > c.rate {
 			c.rate = rate
 		} else {
-			c.rate += (rate - c.rate) * rateDecay
+			c.rate += (rate - c.rate) * meanWeight
 		}
 	}
 	if t.Duration > 0 {
 		if c.turn <= 0 {
 			c.turn = t.Duration.Seconds()
 		} else {
-			c.turn += (t.Duration.Seconds() - c.turn) * turnDecay
+			c.turn += (t.Duration.Seconds() - c.turn) * meanWeight
 		}
 	}
 }

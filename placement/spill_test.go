@@ -209,7 +209,7 @@ func TestLearnPrefillRate(t *testing.T) {
 	}
 	// a queued turn looks slower: it pulls the rate a little
 	teach(t, r, "c", "r0", 10000, 10*time.Second, 12*time.Second)
-	if got := rate(); got != 10000-9000*rateDecay {
+	if got := rate(); got != 10000-9000*meanWeight {
 		t.Fatalf("rate %g after a slow turn", got)
 	}
 	// a faster one sets it

@@ -2,14 +2,14 @@ package placement
 
 import "time"
 
-// Turn-boundary time-slicing (rule 6b): when conversations wait for room,
-// a conversation that has run its quantum of turns since it was admitted
-// is paused at the end of a turn: it leaves its replica's working set, and
-// its next turn waits in the admission queue, behind those that waited
-// before it, until it fits again. Paused and new conversations share the
-// queue and its order, with one exception: a new conversation that fits
-// somewhere starts past paused turns that fit nowhere (admitQueued); when
-// nothing waits, nothing is paused.
+// Turn-boundary time-slicing (rule 6b): when a replica's conversations
+// outgrow its KV cache, one of them is paused at the end of a turn: it
+// leaves its replica's working set, and its next turn waits in the
+// admission queue, behind those that waited before it, until it fits
+// again. Paused and new conversations share the queue and its order, with
+// one exception: a new conversation that fits somewhere starts past paused
+// turns that fit nowhere (admitQueued). While everything fits, nothing is
+// paused.
 
 const (
 	// flagPaused: the conversation was paused at a turn boundary; its next
@@ -29,18 +29,20 @@ const (
 )
 
 // maybePause pauses the conversation of entry e, whose turn just ended and
-// which has run its quantum since it was admitted, when its replica's
-// conversations need more KV at once than it holds (see demand, by their
-// actual sizes), or when the first conversation waiting for room is a
-// paused one: its room goes to those that stay, or to the one that waits.
-// A conversation within its quantum is never paused: it paid a prefill to
-// come in. a.mu held.
+// which has run minRunsOver turns since it was admitted (it paid a prefill
+// to come in), when its replica's conversations need more KV at once than
+// it holds (see demand, by their actual sizes) or its engine queues for KV
+// while others stay: its room goes to those that stay. With a quantum set
+// (Config.RotateTurns > 0, the deprecated rotate_turns), one that has run
+// it is also paused when the first conversation waiting for room is a
+// paused one. a.mu held.
 func (a *admission) maybePause(e int32, now int64) {
 	en := &a.b.ents[e]
 	if a.cfg.RotateTurns < 0 || !a.on || en.busy > 0 || en.flags&flagPaused != 0 || en.runs < minRunsOver {
 		return
 	}
-	if len(a.queue) == 0 || !a.queue[0].paused || int(en.runs) < a.cfg.RotateTurns {
+	rotate := a.cfg.RotateTurns > 0 && int(en.runs) >= a.cfg.RotateTurns && len(a.queue) > 0 && a.queue[0].paused
+	if !rotate {
 		p := a.reps[en.rep]
 		c := a.capacity(p)
 		if c <= 0 {

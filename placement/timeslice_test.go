@@ -48,6 +48,7 @@ func isPaused(r *Router, key string) bool {
 
 func TestTimeSlicing(t *testing.T) {
 	t.Parallel()
+	const quantum = 8 // turns, for the cases that set one (rotate_turns)
 	tests := []struct {
 		name string
 		cfg  Config
@@ -56,7 +57,7 @@ func TestTimeSlicing(t *testing.T) {
 		{
 			name: "everything fits: nobody is paused, however long they run",
 			run: func(t *testing.T, r *Router) {
-				alternate(t, r, 3*DefaultRotateTurns, func(turn int) int { return 2000 + 50*turn }, t0)
+				alternate(t, r, 3*quantum, func(turn int) int { return 2000 + 50*turn }, t0)
 				if isPaused(r, "a") || isPaused(r, "b") {
 					t.Fatal("a conversation was paused on a replica that holds both")
 				}
@@ -105,7 +106,8 @@ func TestTimeSlicing(t *testing.T) {
 			},
 		},
 		{
-			name: "rotation: a paused conversation first in the queue takes the room of one that ran its quantum",
+			name: "with a quantum: a paused conversation first in the queue takes the room of one that ran it",
+			cfg:  Config{RotateTurns: quantum},
 			run: func(t *testing.T, r *Router) {
 				now := alternate(t, r, minRunsOver, func(turn int) int { return 3000 + 1000*turn }, t0)
 				now = runTurn(t, r, "a", 7000, now)
@@ -115,7 +117,7 @@ func TestTimeSlicing(t *testing.T) {
 					t.Fatal("b's turn after its pause did not wait")
 				}
 				// a has run minRunsOver+1 turns; it runs until its quantum
-				for range DefaultRotateTurns - minRunsOver - 2 {
+				for range quantum - minRunsOver - 2 {
 					now = runTurn(t, r, "a", 7100, now)
 					if isReady(tk) || isPaused(r, "a") {
 						t.Fatalf("a paused within its quantum (b ready %v)", isReady(tk))
@@ -130,6 +132,33 @@ func TestTimeSlicing(t *testing.T) {
 				if _, ta := admitTurn(t, r, "a", 7200, now); ta == nil {
 					t.Fatal("a's next turn did not wait for its turn")
 				}
+			},
+		},
+		{
+			name: "no quantum by default: the conversation that runs on is not paused for a paused one while its replica holds it",
+			run: func(t *testing.T, r *Router) {
+				now := alternate(t, r, minRunsOver, func(turn int) int { return 3000 + 1000*turn }, t0)
+				now = runTurn(t, r, "a", 7000, now)
+				now = runTurn(t, r, "b", 4500, now) // b paused (see above)
+				_, tk := admitTurn(t, r, "b", 4600, now)
+				if tk == nil {
+					t.Fatal("b's turn after its pause did not wait")
+				}
+				for turn := range 3 * quantum {
+					now = runTurn(t, r, "a", 7100, now)
+					if isPaused(r, "a") || isReady(tk) {
+						t.Fatalf("after a's turn %d: a paused %v, b resumed %v; want a running on, b waiting for room", turn+1, isPaused(r, "a"), isReady(tk))
+					}
+				}
+				if a := r.Admission(); a.RotateTurns != 0 || a.PausedTotal != 1 {
+					t.Fatalf("quantum %d, pauses %d; want none and b's one", a.RotateTurns, a.PausedTotal)
+				}
+				r.End("a", now) // room: b resumes
+				if !isReady(tk) {
+					t.Fatal("b still waits after a ended")
+				}
+				d, _ := tk.Decision()
+				d.Release()
 			},
 		},
 		{
@@ -189,7 +218,7 @@ func TestTimeSlicing(t *testing.T) {
 			name: "rotate_turns off: never paused",
 			cfg:  Config{RotateTurns: -1},
 			run: func(t *testing.T, r *Router) {
-				alternate(t, r, DefaultRotateTurns, func(turn int) int { return 3000 + 1000*min(turn, 3) }, t0)
+				alternate(t, r, quantum, func(turn int) int { return 3000 + 1000*min(turn, 3) }, t0)
 				if isPaused(r, "a") || isPaused(r, "b") {
 					t.Fatal("a conversation was paused with time-slicing off")
 				}
@@ -199,7 +228,7 @@ func TestTimeSlicing(t *testing.T) {
 			name: "admission off: never paused",
 			cfg:  Config{AdmissionOff: true},
 			run: func(t *testing.T, r *Router) {
-				alternate(t, r, DefaultRotateTurns, func(turn int) int { return 3000 + 1000*min(turn, 3) }, t0)
+				alternate(t, r, quantum, func(turn int) int { return 3000 + 1000*min(turn, 3) }, t0)
 				if isPaused(r, "a") || isPaused(r, "b") {
 					t.Fatal("a conversation was paused with admission off")
 				}

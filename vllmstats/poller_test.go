@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
@@ -499,5 +501,35 @@ func TestPollerLlamaCppCapacityFromProps(t *testing.T) {
 	}
 	if n := propsHits.Load(); n != 1 {
 		t.Fatalf("/props read %d times in 3 rounds, want once", n)
+	}
+}
+
+// A server detected as one engine and restarted as another is read in the
+// new engine's names: detection runs again once the old names are gone.
+func TestPollerDetectsAnotherEngineAfterRestart(t *testing.T) {
+	t.Parallel()
+	sglang, err := os.ReadFile(filepath.Join("testdata", "sglang.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newFakeVLLM(t, counters(100, 50, 2))
+	p := NewPoller(PollerConfig{Targets: []Target{{ID: "r", BaseURL: f.srv.URL}}, Interval: time.Second})
+	defer p.Stop()
+	p.round()
+	if r := mustReplica(t, p, "r"); r.Dialect != DialectVLLM || r.Metrics.Running != 2 {
+		t.Fatalf("vLLM exposition: %+v", r)
+	}
+	f.set(200, string(sglang))
+	p.round()
+	r := mustReplica(t, p, "r")
+	if r.Dialect != DialectSGLang || !r.Reachable || r.LastError != "" {
+		t.Fatalf("after the restart as SGLang: dialect %v, reachable %v, error %q", r.Dialect, r.Reachable, r.LastError)
+	}
+	want, err := ParseMetricsAs(strings.NewReader(string(sglang)), DialectSGLang)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Metrics.Running != want["0"].Running || r.Metrics.KVUsage != want["0"].KVUsage {
+		t.Fatalf("SGLang figures read as %+v; the exposition says %+v", r.Metrics, want["0"])
 	}
 }

@@ -292,7 +292,7 @@ func runSim(args []string) error {
 	fs.Float64Var(&cfg.Placement.HighWater, "admit-high-water", placement.DefaultHighWater, "admit mode: share of a replica's KV capacity new conversations may fill")
 	fs.DurationVar(&cfg.Placement.AdmitWindow, "admit-window", placement.DefaultAdmitWindow, "admit mode: longest a conversation counts in its replica's working set after its last turn, engine time")
 	fs.DurationVar(&cfg.Placement.AdmitWait, "admit-wait", placement.DefaultAdmitWait, "admit mode: longest a new conversation waits for room, engine time")
-	fs.IntVar(&cfg.Placement.RotateTurns, "rotate-turns", 0, "admit mode: time-slicing's quantum in turns (0: the default, -1: off)")
+	fs.IntVar(&cfg.Placement.RotateTurns, "rotate-turns", 0, "time-slicing's quantum in turns (0: none, the default; -1: time-slicing off)")
 	fs.DurationVar(&cfg.DPStatsInterval, "dp-stats-interval", emulator.DefaultDPStatsInterval, "vllm-dp: how often vLLM's coordinator publishes the engines' counts, engine time")
 	fs.IntVar(&cfg.DPAPIServers, "dp-api-servers", 0, "vllm-dp: vLLM API server processes, each balancing on its own (0: one per replica, vLLM's default)")
 	fs.BoolVar(&cfg.DPRotate, "dp-rotate", false, "vllm-dp: rotate the balancer's tie-break after every pick (vLLM from PR 47420 on) instead of ties to the lowest engine")

@@ -96,9 +96,9 @@ type AdmissionRow struct {
 	// when unknown).
 	WorkingSetTokens int64 `json:"working_set_tokens"`
 	CapacityTokens   int64 `json:"capacity_tokens"`
-	// Time-slicing: the quantum in turns (-1 off), the conversations paused
-	// now, and since the router started the pauses and the turns of paused
-	// conversations that waited to resume.
+	// Time-slicing: the quantum in turns (0 none, -1 time-slicing off), the
+	// conversations paused now, and since the router started the pauses and
+	// the turns of paused conversations that waited to resume.
 	RotateTurns int    `json:"rotate_turns"`
 	Paused      int    `json:"paused"`
 	PausedTotal uint64 `json:"paused_total"`

@@ -383,7 +383,10 @@ func uiAdmission(a AdmissionRow) uiVal {
 		t += " · " + humanize.Comma(int64(a.Refused)) + " refused"
 	}
 	if a.Paused > 0 || a.PausedTotal > 0 {
-		t += " · " + humanize.Comma(int64(a.Paused)) + " paused (" + humanize.Comma(int64(a.PausedTotal)) + " pauses, every " + humanize.Comma(int64(a.RotateTurns)) + " turns at most while others wait"
+		t += " · " + humanize.Comma(int64(a.Paused)) + " paused (" + humanize.Comma(int64(a.PausedTotal)) + " pauses"
+		if a.RotateTurns > 0 {
+			t += ", a quantum of " + humanize.Comma(int64(a.RotateTurns)) + " turns"
+		}
 		if a.PausedWaitP50S != nil {
 			t += "; waited " + humanize.FtoaWithDigits(*a.PausedWaitP50S, 1) + " s p50, " + humanize.FtoaWithDigits(*a.PausedWaitP95S, 1) + " s p95"
 		}

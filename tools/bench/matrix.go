@@ -93,8 +93,9 @@ func MatrixRegimes() []Regime {
 		{Name: "waves", Hold: true, Config: waves},
 		// agents that never stop need long stages: in the short ones the
 		// matrix test runs (4 minutes) the fleet has not grown yet, and
-		// admission's and time-slicing's start cost output at 16 sessions
-		// (0.87× on's), where over 40 minutes they gain (1.25×)
+		// admission's start costs output at 16 sessions (0.86×
+		// vllm-router's), where over 40 minutes it gains (1.15× the best
+		// peer's)
 		{Name: "fleet", Hold: false, Config: FleetSimConfig()},
 		// a fast engine whose tokenizer counts words: no cache needs
 		// protecting at 16 sessions, and the default holds nothing since

@@ -24,10 +24,10 @@ const (
 	// exponential means — a replica's hit rate (the share of its predicted
 	// cached prefix the engine delivered on a returning turn), its mean
 	// turn time and how far a slower turn pulls its prefill rate — so each
-	// mean spans about its last meanSpan observations, and a mean is
-	// trusted once it has that many. One weight for all three: in every
-	// shape of the simulation, 0.05 or 0.1 for the rate and 8 or 10 for
-	// the span decided nothing differently.
+	// mean spans about its last meanSpan observations; the hit rate is
+	// trusted once it has that many (losing). One weight for all three:
+	// in every shape of the simulation, 0.05 or 0.1 for the rate and 8 or
+	// 10 for the span decided nothing differently.
 	meanWeight = 0.1
 	meanSpan   = int(1 / meanWeight)
 	// HitsLow: below this hit rate of its returning turns (hits falling) a
@@ -830,9 +830,9 @@ type AdmissionSnapshot struct {
 	// emptiest replica because they fit none even empty.
 	Oversized uint64
 	// Time-slicing (timeslice.go): the quantum in turns (0: none,
-	// negative: time-slicing off),
-	// the conversations paused now, and since the Router was created the
-	// pauses and the turns of paused conversations that waited.
+	// negative: time-slicing off), the conversations paused now, and since
+	// the Router was created the pauses and the turns of paused
+	// conversations that waited.
 	RotateTurns              int
 	Paused                   int
 	PausedTotal, QueuedTurns uint64

@@ -2,19 +2,25 @@ package caddymodule
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/lmwarden/caddy-lmwarden/placement"
 )
+
+// sizesRuns numbers the runs of TestBytesPerTokenLearnedFromTheEngine.
+var sizesRuns atomic.Int64
 
 // TestBytesPerTokenLearnedFromTheEngine: a turn answered through real
 // Caddy and the emulator teaches the model its bytes per prompt token, the
 // request's size over the prompt_tokens of the engine's usage; before it,
 // nothing was learned.
 func TestBytesPerTokenLearnedFromTheEngine(t *testing.T) {
-	const model = "sizes-learned"
+	// a model of its own per run: a model's state survives config loads
+	model := fmt.Sprintf("sizes-learned-%d", sizesRuns.Add(1))
 	_, dials := startEmulator(t, 1, 50)
 	loadSite(t, coreSite(model, dials, "30s", ""))
 	m, ok := lookupModel(model)
@@ -43,7 +49,10 @@ func TestBytesPerTokenLearnedFromTheEngine(t *testing.T) {
 	if err := json.Unmarshal([]byte(r.body), &resp); err != nil || resp.Usage.PromptTokens <= 0 {
 		t.Fatalf("no usage in the answer (%v): %s", err, r.body)
 	}
+	// the handler records the usage when its response has ended, which
+	// the client may see before: wait for it, then check what was learned
 	want := float64(len(body)) / float64(resp.Usage.PromptTokens)
+	waitFor(t, "the turn's bytes per token learned", func() bool { return m.sizes.Rate(0) != 0 })
 	if got := m.sizes.Rate(0); got != want {
 		t.Fatalf("after a turn of %d bytes and %d prompt tokens: %g bytes per token, want %g", len(body), resp.Usage.PromptTokens, got, want)
 	}

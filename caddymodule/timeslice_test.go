@@ -36,6 +36,9 @@ func TestTimeSlicingHoldsAPausedTurn(t *testing.T) {
 	turn("A", "placed")
 	turn("B", "placed") // the engine idles between turns: admitted beside A
 	turn("A", "sticky") // A's second turn: A and B need ≈4k of 3k
+	// the pause is decided when the handler records the turn's end, which
+	// the client may see after its answer
+	waitFor(t, "A paused at its turn's end", func() bool { return getCard(t, model).Admission.PausedTotal > 0 })
 	c := getCard(t, model)
 	if c.Admission.Paused != 1 || c.Admission.PausedTotal != 1 || c.Replicas[0].Paused != 1 {
 		t.Fatalf("after A's second turn: paused %d (total %d, replica %d); want A paused", c.Admission.Paused, c.Admission.PausedTotal, c.Replicas[0].Paused)
@@ -122,6 +125,7 @@ func TestTimeSlicingClaudeCodeToolResult(t *testing.T) {
 		t.Fatalf("B: %d %s %s", r.status, r.reason, r.body)
 	}
 	a.turn(t, "sticky") // A's tool result: A and B need more than the replica holds
+	waitFor(t, "A paused at its turn's end", func() bool { return getCard(t, model).Admission.PausedTotal > 0 })
 	if c := getCard(t, model); c.Admission.Paused != 1 || c.Replicas[0].Paused != 1 {
 		t.Fatalf("after A's second turn: paused %d (replica %d); want A paused", c.Admission.Paused, c.Replicas[0].Paused)
 	}

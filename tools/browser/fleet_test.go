@@ -12,6 +12,7 @@ import (
 
 	"github.com/lmwarden/caddy-lmwarden/caddymodule"
 	"github.com/lmwarden/caddy-lmwarden/internal/card"
+	"github.com/lmwarden/caddy-lmwarden/placement"
 	"github.com/lmwarden/caddy-lmwarden/tools/bench"
 	"github.com/lmwarden/caddy-lmwarden/tools/bench/demo"
 )
@@ -41,8 +42,11 @@ func TestBrowserFleetTimeSlicing(t *testing.T) {
 	cfg.Workload.CompactAfter = cfg.Workload.CompactTurn(bench.ClaudeCodeCompactLimit(cfg.Engine.MaxModelLen))
 	cfg.Modes = []string{bench.ModeAdmit}
 	cfg.Stages = []int{6}
-	cfg.Speed = 10
-	cfg.Warmup, cfg.StageLength = 20*time.Second, 200*time.Second
+	cfg.Speed = 20
+	// A paused conversation's next turn waits in Caddy until room appears,
+	// at most admit_wait (5 min); the stage runs long enough past the
+	// first pause for that turn to be answered inside it.
+	cfg.Warmup, cfg.StageLength = 20*time.Second, 600*time.Second
 	model := cfg.Workload.Model
 
 	type result struct {
@@ -60,7 +64,8 @@ func TestBrowserFleetTimeSlicing(t *testing.T) {
 	admin := "http://" + cfg.Admin
 	cardURL := admin + "/lm-warden/models/" + model
 	// wait for a pause, as the admin JSON shows it
-	deadline := time.Now().Add(90 * time.Second)
+	start := time.Now()
+	deadline := start.Add(90 * time.Second)
 	var c caddymodule.Card
 	for {
 		if time.Now().After(deadline) {
@@ -81,6 +86,14 @@ func TestBrowserFleetTimeSlicing(t *testing.T) {
 			}
 		}
 	}
+
+	// the engine's time at the pause: its wait ends within admit_wait and
+	// a turn, which the stage must still cover
+	pausedAt := time.Duration(float64(time.Since(start)) * cfg.Speed)
+	if most := cfg.Warmup + cfg.StageLength - placement.DefaultAdmitWait - time.Minute; pausedAt > most {
+		t.Fatalf("the first pause came %v into the run (engine time); a stage of %v cannot show its turn answered", pausedAt.Round(time.Second), cfg.StageLength)
+	}
+	t.Logf("first pause seen %v into the run (engine time)", pausedAt.Round(time.Second))
 
 	// the page, typed in as the demo's log says
 	resp, err := chromedp.Run(ctx, chromedp.NavigateResponse(admin+"/lm-warden/ui/"+model))

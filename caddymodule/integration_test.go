@@ -39,6 +39,7 @@ type turnResult struct {
 	replica string
 	reason  string
 	costs   string // the spill estimates, for a turn over the threshold
+	expect  string // the expected time to first token, e.g. "0.42s"
 	header  http.Header
 }
 
@@ -59,7 +60,9 @@ func sendTurn(t *testing.T, path, body string, hdr map[string]string) turnResult
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	res := turnResult{status: resp.StatusCode, body: string(b), header: resp.Header}
-	res.replica, res.reason, _ = strings.Cut(resp.Header.Get(RouteHeader), "; ")
+	route, expect, _ := strings.Cut(resp.Header.Get(RouteHeader), "; expect ")
+	res.expect = expect
+	res.replica, res.reason, _ = strings.Cut(route, "; ")
 	res.reason, res.costs, _ = strings.Cut(res.reason, "; ")
 	return res
 }
@@ -149,6 +152,9 @@ func TestConversationsStayOnTheirReplica(t *testing.T) {
 			}
 			if res.reason != want {
 				t.Errorf("%s turn %d: reason %q, want %q", name, turn, res.reason, want)
+			}
+			if d, err := time.ParseDuration(res.expect); err != nil || d < 0 {
+				t.Errorf("%s turn %d: route header %q: no expected time to first token", name, turn, res.header.Get(RouteHeader))
 			}
 			if where[name] == nil {
 				where[name] = map[string]bool{}
@@ -305,6 +311,11 @@ func TestSpillOverThresholdAndRebind(t *testing.T) {
 	second := sendTurn(t, "/v1/messages", chatTurn("s", 2, false), h)
 	if second.reason != "spilled" || second.replica != cold.addr || !strings.HasPrefix(second.costs, "stay ") {
 		t.Fatalf("over the threshold with a queue: %s; %s; %s, want %s; spilled; stay …", second.replica, second.reason, second.costs, cold.addr)
+	}
+	// a moved turn is expected to get its first token when its move
+	// estimate said
+	if _, move, _ := strings.Cut(second.costs, ", move "); move != second.expect {
+		t.Errorf("spilled: estimates %q, expect %q; want the move's estimate", second.costs, second.expect)
 	}
 	card := getCard(t, "spill")
 	if r := cardRow(card, hot.addr); r.SpillDeclined != 1 {

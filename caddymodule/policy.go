@@ -30,11 +30,13 @@ func init() {
 // vLLM server started with --data-parallel-size.
 const RankHeader = "X-Data-Parallel-Rank"
 
-// RouteHeader is the response header naming the replica that served and why:
-// "X-LM-Warden-Route: 10.0.0.5:8001; sticky". A turn whose replica was over
-// the spill threshold adds the estimates of its time to first token there
-// and on the replica it could move to: "10.0.0.5:8001; spill-declined;
-// stay 0.40s, move 6.20s".
+// RouteHeader is the response header naming the replica that served, why,
+// and the turn's expected time to first token there from the moment it was
+// routed (the router's cost model, in seconds): "X-LM-Warden-Route:
+// 10.0.0.5:8001; sticky; expect 0.42s". A turn whose replica was over the
+// spill threshold adds, before it, the estimates of its time to first
+// token there and on the replica it could move to: "10.0.0.5:8001;
+// spill-declined; stay 0.40s, move 6.20s; expect 0.61s".
 const RouteHeader = "X-LM-Warden-Route"
 
 // WaitHeader is the response header, sent with RouteHeader, of a request
@@ -731,12 +733,7 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 		reason = 0
 	}
 	if p.routeHeader && w != nil {
-		route := at.routes[reason]
-		if dec.Stay != 0 || dec.Move != 0 {
-			// a turn over the threshold: the estimates that decided it
-			route += "; " + placement.SpillCost{Stay: dec.Stay, Move: dec.Move}.String()
-		}
-		w.Header()[routeHeaderKey] = []string{route}
+		w.Header()[routeHeaderKey] = []string{routeValue(at.routes[reason], dec)}
 		if held != nil {
 			w.Header().Set(WaitHeader, strconv.FormatFloat(held.waited.Seconds(), 'f', 3, 64))
 		}
@@ -746,6 +743,22 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 		vars[VarReason] = reasonVars[reason]
 	}
 	return pool[at.up]
+}
+
+// routeValue is RouteHeader's value for dec, whose replica and reason give
+// route: for a turn over the threshold the spill estimates that decided it,
+// then the turn's expected time to first token there, e.g.
+// "10.0.0.5:8001; sticky; expect 0.42s".
+func routeValue(route string, dec placement.Decision) string {
+	b := make([]byte, 0, len(route)+48)
+	b = append(b, route...)
+	if dec.Stay != 0 || dec.Move != 0 {
+		b = append(b, "; "...)
+		b = append(b, placement.SpillCost{Stay: dec.Stay, Move: dec.Move}.String()...)
+	}
+	b = append(b, "; expect "...)
+	b = strconv.AppendFloat(b, dec.Expect.Seconds(), 'f', 2, 64)
+	return string(append(b, 's'))
 }
 
 // Interface guards

@@ -555,6 +555,7 @@ type Ticket struct {
 	h       uint64
 	start   uint64
 	est     int64
+	tokens  int   // the request's tokens (Request.Tokens)
 	enq, at int64 // when it was queued and admitted (Router clock)
 	ready   chan struct{}
 	dec     Decision
@@ -662,6 +663,11 @@ func (a *admission) admitTicket(t *Ticket, p *replica, now int64, forced bool) {
 	a.unqueue(t)
 	t.state, t.at, t.forced = ticketAdmitted, now, forced
 	defer close(t.ready)
+	defer func() {
+		if t.dec.s != nil {
+			t.dec.Expect = a.do.expect(t.dec, t.tokens, now)
+		}
+	}()
 	if e := a.do.lookup(t.h, now); e != nilIdx && a.b.ents[e].flags&flagPaused != 0 {
 		if p == nil || !a.usable(p) {
 			if p = a.reps[a.b.ents[e].rep]; !a.usable(p) {
@@ -687,7 +693,7 @@ func (a *admission) admitTicket(t *Ticket, p *replica, now int64, forced bool) {
 		t.err = ErrNoReplica
 		return
 	}
-	t.dec = a.do.place(t.h, t.start, p, t.est, now)
+	t.dec = a.do.place(t.h, t.start, p, t.est, t.tokens, now)
 	a.countAdmitted(t, forced)
 }
 
@@ -801,7 +807,7 @@ func (a *admission) queueNew(req Request, h uint64, est, now int64) (Decision, *
 		a.refused++
 		return Decision{}, nil, ErrQueueFull
 	}
-	t := &Ticket{a: a, h: h, start: req.Start, est: est, enq: now, ready: make(chan struct{})}
+	t := &Ticket{a: a, h: h, start: req.Start, est: est, tokens: req.Tokens, enq: now, ready: make(chan struct{})}
 	a.queue = append(a.queue, t)
 	a.queued++
 	return Decision{}, t, nil

@@ -21,6 +21,12 @@ type Decision struct {
 	// (ReasonSpilled, ReasonSpillDeclined, ReasonStayedOverloaded); zero
 	// otherwise.
 	Stay, Move time.Duration
+	// Expect is the turn's expected time to first token on Replica from
+	// this decision, by the same model (see the package doc, "Spill
+	// cost"): its wait there, then the prefill of what it is expected to
+	// find uncached. Set for every decision that chose a replica; a
+	// turn admission held waited besides.
+	Expect time.Duration
 
 	s   *slot
 	tok uint64

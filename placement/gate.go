@@ -26,12 +26,16 @@ type placer interface {
 	// touched marks the binding e used at now.
 	touched(e int32, now int64)
 	// place binds key hash h (the conversation's start) to p as a new
-	// conversation of est tokens and routes its request there.
-	place(h, start uint64, p *replica, est int64, now int64) Decision
+	// conversation of est tokens and routes its request, of tokens
+	// tokens, there.
+	place(h, start uint64, p *replica, est int64, tokens int, now int64) Decision
 	// stuck routes a turn of the conversation of e to its replica p.
 	stuck(e int32, p *replica, now int64) Decision
 	// moved re-binds the conversation of e to p and routes its turn there.
 	moved(e int32, p *replica, now int64) Decision
+	// expect is the expected time to first token of the turn of d, of
+	// tokens tokens (see Router.expect).
+	expect(d Decision, tokens int, now int64) time.Duration
 }
 
 func (r *Router) pick(now int64) *replica {
@@ -42,7 +46,9 @@ func (r *Router) forget(e int32) { r.removeEntry(e) }
 
 func (r *Router) touched(e int32, now int64) { r.toFront(e, now) }
 
-func (r *Router) place(h, start uint64, p *replica, est int64, now int64) Decision {
+func (r *Router) place(h, start uint64, p *replica, est int64, tokens int, now int64) Decision {
+	// its prefill is ahead of the turns routed there after it
+	p.addBacklog(int64(tokens)-int64(p.base), now)
 	e := r.insert(h, p, now, start)
 	r.adm.estimated(e, est)
 	p.n.Placed++
@@ -56,6 +62,7 @@ func (r *Router) stuck(e int32, p *replica, now int64) Decision {
 
 func (r *Router) moved(e int32, p *replica, now int64) Decision {
 	r.keyed++
+	p.addBacklog(r.recompute(e, p, 0), now)
 	r.rebind(e, p, now)
 	p.n.Replaced++
 	return r.take(p, ReasonReplaced, e)

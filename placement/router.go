@@ -355,6 +355,15 @@ func (r *Router) route(req Request, queue bool) (Decision, *Ticket, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	now := r.advance(t)
+	d, tk, err := r.decide(req, h, parent, now, queue)
+	if d.s != nil && d.Expect == 0 {
+		d.Expect = r.expect(d, req.Tokens, now)
+	}
+	return d, tk, err
+}
+
+// decide routes req at now (route's hashes given). r.mu held.
+func (r *Router) decide(req Request, h, parent uint64, now int64, queue bool) (Decision, *Ticket, error) {
 	r.exclEpoch++
 	for _, id := range req.Exclude {
 		if i, ok := r.byID[id]; ok {
@@ -563,8 +572,7 @@ func (r *Router) placeNew(req Request, h, parent uint64, now int64, queue bool) 
 			return r.adm.queueNew(req, h, est, now)
 		}
 	}
-	p.addBacklog(int64(req.Tokens)-int64(p.base), now)
-	return r.place(h, req.Start, p, est, now), nil, nil
+	return r.place(h, req.Start, p, est, req.Tokens, now), nil, nil
 }
 
 // bestFor returns the best replica for a conversation of est tokens: under

@@ -131,6 +131,42 @@ func (r *Router) wait(p *replica, now int64) float64 {
 	return r.slotWait(p) + p.backlog(now)/p.prefillRate()
 }
 
+// expect returns the expected time to first token of the turn of d, of
+// tokens tokens (the request's estimate), on the replica d chose, at now.
+// A turn placed, moved or re-placed there counted the tokens it computes
+// in that replica's backlog already (addBacklog), so its wait holds them;
+// a turn that stays on its replica computes what its last turn left
+// uncached, and any other turn all but the replica's system prompt. r.mu
+// held.
+func (r *Router) expect(d Decision, tokens int, now int64) time.Duration {
+	p := d.s.rep
+	secs := r.wait(p, now)
+	switch d.Reason {
+	case ReasonPlaced, ReasonSpilled, ReasonReplaced, ReasonColdReplaced, ReasonRestarted:
+		// in the backlog (a turn re-placed on its own replica only
+		// when its cache there is gone: it counted nothing, and keeps
+		// what the replica holds)
+		if d.Reason == ReasonReplaced && d.Previous == "" {
+			secs += float64(r.uncached(d, tokens)) / p.prefillRate()
+		}
+	default:
+		secs += float64(r.uncached(d, tokens)) / p.prefillRate()
+	}
+	return time.Duration(secs * 1e9)
+}
+
+// uncached returns the tokens of a turn of d, of tokens tokens, expected
+// not to be cached on d's replica: beyond its conversation's last prompt
+// where it stayed there, else beyond the replica's system prompt. r.mu
+// held.
+func (r *Router) uncached(d Decision, tokens int) int64 {
+	cached := int64(d.s.rep.base)
+	if e := d.s.ent; e != nilIdx && d.Previous == "" && d.Reason != ReasonPlaced {
+		cached = max(cached, int64(r.b.ents[e].prompt))
+	}
+	return max(0, int64(tokens)-cached)
+}
+
 // recompute returns the tokens the conversation of entry e would compute
 // on q that its replica holds: its context as the engine last counted it
 // (else the request's estimate), less what q shares with every

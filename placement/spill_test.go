@@ -149,6 +149,11 @@ func TestSpillCost(t *testing.T) {
 			if tc.move > 0 && d.Move != tc.move {
 				t.Errorf("move %v, want %v", d.Move, tc.move)
 			}
+			// the turn is expected where it went as its estimate there
+			// said: a moved turn its move, a kept one at least its stay
+			if tc.reason == ReasonSpilled && d.Expect != d.Move || tc.reason != ReasonSpilled && d.Expect < d.Stay {
+				t.Errorf("expect %v, with stay %v and move %v (%s)", d.Expect, d.Stay, d.Move, d.Reason)
+			}
 			s := r.Snapshot()
 			if len(s.RecentSpills) != 1 {
 				t.Fatalf("recent spills %+v, want one", s.RecentSpills)
@@ -226,5 +231,77 @@ func TestLearnPrefillRate(t *testing.T) {
 	}
 	if tt := r.Snapshot().Replicas[0].TurnTime; tt <= time.Second || tt > 12*time.Second {
 		t.Fatalf("turn time %v", tt)
+	}
+}
+
+// TestExpect checks a decision's expected time to first token: the wait on
+// the replica chosen, then the prefill of what the turn finds uncached
+// there, at that replica's rate (the prior's 2,000 tokens/s here).
+func TestExpect(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name  string
+		cfg   Config
+		setup func(t *testing.T, r *Router)
+		req   Request
+		at    time.Duration // after t0
+		want  time.Duration
+		why   Reason
+	}{
+		{
+			name: "a new conversation on an idle replica: its whole prompt",
+			req:  Request{Key: "new", Tokens: 10000},
+			want: 5 * time.Second, why: ReasonPlaced,
+		},
+		{
+			name: "a new conversation behind another's prefill",
+			setup: func(t *testing.T, r *Router) {
+				d, _ := r.Route(Request{Key: "first", Tokens: 4000, Now: t0})
+				d.Release()
+			},
+			req:  Request{Key: "new", Tokens: 10000},
+			want: 7 * time.Second, why: ReasonPlaced,
+		},
+		{
+			name: "a returning turn: what its last turn left uncached",
+			setup: func(t *testing.T, r *Router) {
+				d, _ := r.Route(Request{Key: "k", Tokens: 10000, Now: t0})
+				d.Release()
+				r.Feedback(Turn{Key: "k", Replica: d.Replica, Reason: d.Reason, Prompt: 10000})
+			},
+			req: Request{Key: "k", Tokens: 12000}, at: 10 * time.Second,
+			want: time.Second, why: ReasonSticky,
+		},
+		{
+			// 3 running, 6 waiting: 7 turns of 10 s ahead in batches
+			// of 3
+			name: "a returning turn behind the engine's queue",
+			cfg:  Config{SpillThreshold: 100},
+			setup: func(t *testing.T, r *Router) {
+				bindTo(t, r, "k", "r0", t0)
+				r.Feedback(Turn{Key: "k", Replica: "r0", Reason: ReasonClientPinned, Prompt: 10000})
+				r.UpdateLoad("r0", queued(3, 6))
+			},
+			req:  Request{Key: "k", Tokens: 10000},
+			want: 23333333333, why: ReasonSticky,
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newTestRouter(1, tc.cfg)
+			if tc.setup != nil {
+				tc.setup(t, r)
+			}
+			req := tc.req
+			req.Now = t0.Add(tc.at)
+			d, err := r.Route(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer d.Release()
+			if d.Reason != tc.why || d.Expect != tc.want {
+				t.Errorf("%s, expect %v; want %s, %v", d.Reason, d.Expect, tc.why, tc.want)
+			}
+		})
 	}
 }

@@ -65,7 +65,7 @@ func (a *admission) queueTurn(req Request, e int32, h uint64, now int64) *Ticket
 	if len(a.queue) >= a.cfg.AdmitQueue {
 		return nil
 	}
-	t := &Ticket{a: a, h: h, start: req.Start, est: a.footprint(&a.b.ents[e]), enq: now, paused: true, ready: make(chan struct{})}
+	t := &Ticket{a: a, h: h, start: req.Start, est: a.footprint(&a.b.ents[e]), tokens: req.Tokens, enq: now, paused: true, ready: make(chan struct{})}
 	a.queue = append(a.queue, t)
 	a.queuedTurns++
 	return t

@@ -65,6 +65,24 @@ type TurnResult struct {
 	// Waited is how long LM Warden held the request for admission
 	// (X-LM-Warden-Wait); 0 when it was not held.
 	Waited time.Duration
+	// Expect is the turn's expected time to first token from its routing,
+	// as the route header gave it ("; expect 0.42s"); 0 when it gave none.
+	Expect time.Duration
+}
+
+// routeExpect returns the expected time to first token a route header
+// value ends with ("…; expect 0.42s"); 0 when it has none or it does not
+// parse.
+func routeExpect(route string) time.Duration {
+	i := strings.LastIndex(route, "; expect ")
+	if i < 0 {
+		return 0
+	}
+	d, err := time.ParseDuration(strings.TrimSpace(route[i+len("; expect "):]))
+	if err != nil || d < 0 {
+		return 0
+	}
+	return d
 }
 
 // Target returns the base URL turn t of sess is sent to: BaseURL, or one
@@ -123,6 +141,7 @@ func (c *Client) Send(ctx context.Context, sess *Session, t int) (TurnResult, er
 	}
 	defer resp.Body.Close()
 	res.Route = resp.Header.Get(RouteHeader)
+	res.Expect = routeExpect(res.Route)
 	if v := resp.Header.Get(WaitHeader); v != "" {
 		if secs, err := strconv.ParseFloat(v, 64); err == nil && secs > 0 && secs < 1e6 {
 			res.Waited = time.Duration(secs * float64(time.Second))

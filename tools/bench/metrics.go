@@ -20,8 +20,11 @@ type TurnRecord struct {
 	End        time.Duration
 	Output     int    // output tokens received (usage when reported, else counted)
 	Replica    string // replica that served, "" when unknown
-	Err        bool
-	Aborted    bool // cut off by the end of the stage: neither a request nor an error
+	// Expect is the router's expected time to first token from Routed
+	// (X-LM-Warden-Route's "expect"); 0 when it gave none.
+	Expect  time.Duration
+	Err     bool
+	Aborted bool // cut off by the end of the stage: neither a request nor an error
 }
 
 // ReplicaCounters are one replica's numbers at one poll.
@@ -97,6 +100,22 @@ type Stage struct {
 	// router (a conversation paused at a turn boundary waits its turn).
 	WaitLaterP95S float64 `json:"wait_later_p95_s,omitempty"`
 	WaitLaterMaxS float64 `json:"wait_later_max_s,omitempty"`
+	// How far the router's expected time to first token (TurnRecord.
+	// Expect) was from the time measured from routing, over the turns
+	// that had one: the median and 95th percentile of the absolute error,
+	// and the share of turns whose first token came later than expected.
+	ExpectTurns   int     `json:"expect_turns,omitempty"`
+	ExpectErrP50S float64 `json:"expect_err_p50_s,omitempty"`
+	ExpectErrP95S float64 `json:"expect_err_p95_s,omitempty"`
+	ExpectLatePct float64 `json:"expect_late_pct,omitempty"`
+}
+
+// routed is when the router sent the turn on.
+func (t TurnRecord) routed() time.Duration {
+	if t.Routed > 0 {
+		return t.Routed
+	}
+	return t.Start
 }
 
 // waited is how long the turn waited at the router.
@@ -125,6 +144,8 @@ func Measure(turns []TurnRecord, polls []Poll, w Window) Stage {
 	var (
 		ttfb, first, later, wait []float64
 		waitLater                []float64
+		expectErr                []float64
+		late                     int
 		completion               []float64
 		outTokens, finished      int
 		stayedN, stayedOf        int
@@ -143,6 +164,13 @@ func Measure(turns []TurnRecord, polls []Poll, w Window) Stage {
 			} else {
 				later = append(later, v)
 				waitLater = append(waitLater, t.waited().Seconds())
+			}
+			if t.Expect > 0 {
+				d := (t.FirstToken - t.routed() - t.Expect).Seconds()
+				if d > 0 {
+					late++
+				}
+				expectErr = append(expectErr, math.Abs(d))
 			}
 		}
 		if t.Turn == 0 && !t.Err && !t.Aborted {
@@ -184,10 +212,15 @@ func Measure(turns []TurnRecord, polls []Poll, w Window) Stage {
 	sort.Float64s(ttfb)
 	st.TTFBP50S = Percentile(ttfb, 0.50)
 	st.TTFBP95S = Percentile(ttfb, 0.95)
-	for _, v := range [][]float64{first, later, wait, waitLater, completion} {
+	for _, v := range [][]float64{first, later, wait, waitLater, completion, expectErr} {
 		sort.Float64s(v)
 	}
 	st.WaitLaterP95S = Percentile(waitLater, 0.95)
+	if n := len(expectErr); n > 0 {
+		st.ExpectTurns = n
+		st.ExpectErrP50S, st.ExpectErrP95S = Percentile(expectErr, 0.50), Percentile(expectErr, 0.95)
+		st.ExpectLatePct = 100 * float64(late) / float64(n)
+	}
 	if n := len(waitLater); n > 0 {
 		st.WaitLaterMaxS = waitLater[n-1]
 	}

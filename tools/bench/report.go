@@ -142,6 +142,7 @@ func (r *Report) WriteTable(w io.Writer) error {
 		}
 	}
 	r.writeTurnTable(&b)
+	r.writeExpectTable(&b)
 	_, err := io.WriteString(w, b.String())
 	return err
 }
@@ -169,6 +170,29 @@ func (r *Report) writeTurnTable(b *strings.Builder) {
 				fsec(s.WaitFirstP50S), fsec(s.WaitFirstP95S), fsec(s.WaitLaterP95S), fsec(s.WaitLaterMaxS),
 				fnum(s.IdleWhileHeldS, 0), fcompletion(s), s.CompletedCounts)
 		}
+	}
+}
+
+// writeExpectTable adds, for the stages whose router gave each turn its
+// expected time to first token (LM Warden's modes), how far that estimate
+// was from the time measured: the cost model's own error.
+func (r *Report) writeExpectTable(b *strings.Builder) {
+	var rows []Stage
+	for _, n := range r.SessionCounts() {
+		for _, m := range r.Modes() {
+			if s, ok := r.Find(m, n); ok && s.ExpectTurns > 0 {
+				rows = append(rows, s)
+			}
+		}
+	}
+	if len(rows) == 0 {
+		return
+	}
+	b.WriteString("\n| Sessions | Mode | Turns | Expected TTFT's error p50 / p95 (s) | Later than expected (%) |\n")
+	b.WriteString("|---|---|---|---|---|\n")
+	for _, s := range rows {
+		fmt.Fprintf(b, "| %d | %s | %d | %s / %s | %s |\n", s.Sessions, s.Mode, s.ExpectTurns,
+			fsec(s.ExpectErrP50S), fsec(s.ExpectErrP95S), fnum(s.ExpectLatePct, 1))
 	}
 }
 

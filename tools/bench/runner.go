@@ -258,6 +258,9 @@ func (r *httpRun) client(ctx context.Context, stageStart time.Duration, start in
 			if !res.FirstToken.IsZero() {
 				rec.FirstToken = r.engineAt(res.FirstToken)
 			}
+			if res.Expect > 0 {
+				rec.Expect = time.Duration(float64(res.Expect) * r.cfg.Speed)
+			}
 			if res.Waited > 0 && !res.Sent.IsZero() {
 				rec.Routed = r.engineAt(res.Sent.Add(res.Waited))
 			}

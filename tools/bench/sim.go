@@ -676,12 +676,12 @@ func (s *simulator) send(sl *simSlot) {
 		s.sendPeer(sl, &simWait{sent: s.now, histLen: histLen, prompt: prompt})
 		return
 	}
-	rep, reason, release, tk := s.route(sess.ID, sl.start, s.estimate(sl, len(prompt)))
+	rep, d, tk := s.route(sess.ID, sl.start, s.estimate(sl, len(prompt)))
 	if tk != nil {
 		sl.waiting = &simWait{ticket: tk, sent: s.now, histLen: histLen, prompt: prompt}
 		return
 	}
-	s.dispatch(sl, prompt, histLen, s.now, rep, reason, release)
+	s.dispatch(sl, prompt, histLen, s.now, rep, d.Reason, d.Expect, d.ReleaseAt)
 }
 
 // sendPeer routes the turn with the peer policy, or holds it there when
@@ -694,7 +694,7 @@ func (s *simulator) sendPeer(sl *simSlot, wt *simWait) {
 	}
 	sl.held = nil
 	release := func(at time.Time) { s.peer.Done(f, at) }
-	s.dispatch(sl, wt.prompt, wt.histLen, wt.sent, f.Replica, 0, release)
+	s.dispatch(sl, wt.prompt, wt.histLen, wt.sent, f.Replica, 0, 0, release)
 	if sl.cur != nil {
 		sl.cur.flight = f
 	}
@@ -728,16 +728,17 @@ func (s *simulator) admitted(slots []*simSlot) {
 		if err != nil {
 			panic(fmt.Sprintf("sim: router has no replica: %v", err))
 		}
-		s.dispatch(sl, wt.prompt, wt.histLen, wt.sent, s.byID[d.Replica], d.Reason, d.ReleaseAt)
+		s.dispatch(sl, wt.prompt, wt.histLen, wt.sent, s.byID[d.Replica], d.Reason, d.Expect, d.ReleaseAt)
 	}
 }
 
-// dispatch adds the slot's turn, sent by the client at sent, to engine rep.
-func (s *simulator) dispatch(sl *simSlot, prompt []uint32, histLen int, sent time.Duration, rep int, reason placement.Reason, release func(time.Time)) {
+// dispatch adds the slot's turn, sent by the client at sent, to engine rep
+// (the router's reason and expected time to first token, 0 from a peer).
+func (s *simulator) dispatch(sl *simSlot, prompt []uint32, histLen int, sent time.Duration, rep int, reason placement.Reason, expect time.Duration, release func(time.Time)) {
 	sess := sl.sess
 	turn := sess.Turn()
 	t := &simTurn{slot: sl, rep: rep, release: release, reason: reason, histLen: histLen}
-	t.rec = TurnRecord{Session: sess.Serial, Turn: turn, LastTurn: turn == sess.Turns()-1, Start: sent, Replica: s.engines[rep].id}
+	t.rec = TurnRecord{Session: sess.Serial, Turn: turn, LastTurn: turn == sess.Turns()-1, Start: sent, Replica: s.engines[rep].id, Expect: expect}
 	if sent != s.now {
 		t.rec.Routed = s.now
 	}
@@ -759,8 +760,6 @@ func (s *simulator) dispatch(sl *simSlot, prompt []uint32, histLen int, sent tim
 	}
 	sl.cur = t
 }
-
-func noRelease(time.Time) {}
 
 // estimate is the prompt size the router is told for the slot's next
 // turn: the engine's count, or under BytesPerToken the bytes of the
@@ -789,10 +788,10 @@ func (s *simulator) estimate(sl *simSlot, tokens int) int {
 
 // route picks the replica for one turn under the current mode, or, in the
 // admit mode, returns the ticket of a new conversation that waits for room.
-func (s *simulator) route(key string, start uint64, tokens int) (int, placement.Reason, func(time.Time), *placement.Ticket) {
+func (s *simulator) route(key string, start uint64, tokens int) (int, placement.Decision, *placement.Ticket) {
 	switch s.mode {
 	case ModeVLLMDP:
-		return s.dp.PickBy(s.rng.IntN(s.dp.Clients())), 0, noRelease, nil
+		return s.dp.PickBy(s.rng.IntN(s.dp.Clients())), placement.Decision{}, nil
 	case ModeLeastConn:
 		best, n := -1, 0
 		for i, e := range s.engines {
@@ -806,10 +805,10 @@ func (s *simulator) route(key string, start uint64, tokens int) (int, placement.
 				}
 			}
 		}
-		return best, 0, noRelease, nil
+		return best, placement.Decision{}, nil
 	case ModeRoundRobin:
 		s.robin++
-		return int(s.robin % uint32(len(s.engines))), 0, noRelease, nil
+		return int(s.robin % uint32(len(s.engines))), placement.Decision{}, nil
 	case ModeHeader:
 		best, hi := 0, uint64(0)
 		for i, e := range s.engines {
@@ -817,7 +816,7 @@ func (s *simulator) route(key string, start uint64, tokens int) (int, placement.
 				best, hi = i, h
 			}
 		}
-		return best, 0, noRelease, nil
+		return best, placement.Decision{}, nil
 	}
 	if PolicyOf(s.mode) != "lm_warden" {
 		// a mode route does not know (a peer's goes through its policy):
@@ -835,9 +834,9 @@ func (s *simulator) route(key string, start uint64, tokens int) (int, placement.
 		// is above any stage's sessions
 		panic(fmt.Sprintf("sim: the router refused a turn: %v", err))
 	case tk != nil:
-		return 0, 0, nil, tk
+		return 0, placement.Decision{}, tk
 	}
-	return s.byID[d.Replica], d.Reason, d.ReleaseAt, nil
+	return s.byID[d.Replica], d, nil
 }
 
 // restart resets replica i's engine, as a vLLM restart: its queues, prefix

@@ -567,13 +567,13 @@ func (s *simulator) traceSend(it *traceItem) {
 		return
 	}
 	s.parent = c.parent
-	rep, reason, release, tk := s.route(c.key, start, n)
+	rep, d, tk := s.route(c.key, start, n)
 	s.parent = ""
 	if tk != nil {
 		run.ticket = tk
 		r.waiting = append(r.waiting, run)
 	} else {
-		s.traceDispatch(run, rep, reason, release)
+		s.traceDispatch(run, rep, d.Reason, d.Expect, d.ReleaseAt)
 	}
 	// a turn that overlapped this one in the trace may be due now
 	r.schedule(c, s.now)
@@ -595,7 +595,7 @@ func (s *simulator) traceSendPeer(run *traceRun) {
 		return
 	}
 	run.flight = f
-	s.traceDispatch(run, f.Replica, 0, func(at time.Time) { s.peer.Done(f, at) })
+	s.traceDispatch(run, f.Replica, 0, 0, func(at time.Time) { s.peer.Done(f, at) })
 }
 
 // traceRetryHeld asks the peer policy again for the turns it holds, in the
@@ -625,18 +625,18 @@ func (s *simulator) traceAdmitted() {
 		if err != nil {
 			panic(fmt.Sprintf("sim: router has no replica: %v", err))
 		}
-		s.traceDispatch(run, s.byID[d.Replica], d.Reason, d.ReleaseAt)
+		s.traceDispatch(run, s.byID[d.Replica], d.Reason, d.Expect, d.ReleaseAt)
 	}
 	clear(r.waiting[len(kept):])
 	r.waiting = kept
 }
 
 // traceDispatch adds a routed turn to engine rep.
-func (s *simulator) traceDispatch(run *traceRun, rep int, reason placement.Reason, release func(time.Time)) {
+func (s *simulator) traceDispatch(run *traceRun, rep int, reason placement.Reason, expect time.Duration, release func(time.Time)) {
 	r, it := s.trace, run.item
 	c := it.conv
 	run.rep, run.reason, run.release = rep, reason, release
-	run.rec = TurnRecord{Session: c.serial, Turn: it.idx, LastTurn: it.idx == len(c.items)-1, Start: run.sent, Replica: s.engines[rep].id}
+	run.rec = TurnRecord{Session: c.serial, Turn: it.idx, LastTurn: it.idx == len(c.items)-1, Start: run.sent, Replica: s.engines[rep].id, Expect: expect}
 	if run.sent != s.now {
 		run.rec.Routed = s.now
 	}

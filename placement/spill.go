@@ -227,10 +227,16 @@ func (p *replica) learn(t Turn) {
 		}
 	}
 	if t.Duration > 0 {
+		// the place it held in the batch: its decode, and its prefill at
+		// the replica's rate; not the queue before it
+		held := t.Duration.Seconds()
+		if t.FirstToken > 0 && t.FirstToken < t.Duration {
+			held = (t.Duration - t.FirstToken).Seconds() + float64(t.Prompt-min(t.Cached, t.Prompt))/p.prefillRate()
+		}
 		if c.turn <= 0 {
-			c.turn = t.Duration.Seconds()
+			c.turn = held
 		} else {
-			c.turn += (t.Duration.Seconds() - c.turn) * meanWeight
+			c.turn += (held - c.turn) * meanWeight
 		}
 	}
 }

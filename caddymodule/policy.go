@@ -30,19 +30,23 @@ func init() {
 // vLLM server started with --data-parallel-size.
 const RankHeader = "X-Data-Parallel-Rank"
 
-// RouteHeader is the response header naming the replica that served, why,
-// and the turn's expected time to first token there from the moment it was
-// routed (the router's cost model, in seconds): "X-LM-Warden-Route:
-// 10.0.0.5:8001; sticky; expect 0.42s". A turn whose replica was over the
-// spill threshold adds, before it, the estimates of its time to first
-// token there and on the replica it could move to: "10.0.0.5:8001;
-// spill-declined; stay 0.40s, move 6.20s; expect 0.61s".
+// RouteHeader is the response header naming the replica that served and why:
+// "X-LM-Warden-Route: 10.0.0.5:8001; sticky". A turn whose replica was over
+// the spill threshold adds the estimates of its time to first token there
+// and on the replica it could move to: "10.0.0.5:8001; spill-declined;
+// stay 0.40s, move 6.20s".
 const RouteHeader = "X-LM-Warden-Route"
 
 // WaitHeader is the response header, sent with RouteHeader, of a request
 // that waited for admission: the seconds it was held, e.g.
 // "X-LM-Warden-Wait: 12.345".
 const WaitHeader = "X-LM-Warden-Wait"
+
+// ExpectHeader is the response header, sent with RouteHeader, of the turn's
+// expected time to first token on the replica that served it, in seconds
+// from the moment it was routed: the router's estimate (see the placement
+// package, "Spill cost"), e.g. "X-LM-Warden-Expect: 0.420".
+const ExpectHeader = "X-LM-Warden-Expect"
 
 // Policy is the lm_warden reverse_proxy selection policy: it sends every turn
 // of a conversation to the replica that served the previous turn (where its
@@ -506,6 +510,9 @@ var reasonVars = func() (out [numReasons]any) {
 // nothing for the key.
 var routeHeaderKey = http.CanonicalHeaderKey(RouteHeader)
 
+// expectHeaderKey is ExpectHeader in canonical form.
+var expectHeaderKey = http.CanonicalHeaderKey(ExpectHeader)
+
 func newPick(up, rank int, id string) pick {
 	routes := new([numReasons]string)
 	for i := range routes {
@@ -733,7 +740,13 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 		reason = 0
 	}
 	if p.routeHeader && w != nil {
-		w.Header()[routeHeaderKey] = []string{routeValue(at.routes[reason], dec)}
+		route := at.routes[reason]
+		if dec.Stay != 0 || dec.Move != 0 {
+			// a turn over the threshold: the estimates that decided it
+			route += "; " + placement.SpillCost{Stay: dec.Stay, Move: dec.Move}.String()
+		}
+		w.Header()[routeHeaderKey] = []string{route}
+		w.Header()[expectHeaderKey] = []string{strconv.FormatFloat(dec.Expect.Seconds(), 'f', 3, 64)}
 		if held != nil {
 			w.Header().Set(WaitHeader, strconv.FormatFloat(held.waited.Seconds(), 'f', 3, 64))
 		}
@@ -743,22 +756,6 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 		vars[VarReason] = reasonVars[reason]
 	}
 	return pool[at.up]
-}
-
-// routeValue is RouteHeader's value for dec, whose replica and reason give
-// route: for a turn over the threshold the spill estimates that decided it,
-// then the turn's expected time to first token there, e.g.
-// "10.0.0.5:8001; sticky; expect 0.42s".
-func routeValue(route string, dec placement.Decision) string {
-	b := make([]byte, 0, len(route)+48)
-	b = append(b, route...)
-	if dec.Stay != 0 || dec.Move != 0 {
-		b = append(b, "; "...)
-		b = append(b, placement.SpillCost{Stay: dec.Stay, Move: dec.Move}.String()...)
-	}
-	b = append(b, "; expect "...)
-	b = strconv.AppendFloat(b, dec.Expect.Seconds(), 'f', 2, 64)
-	return string(append(b, 's'))
 }
 
 // Interface guards

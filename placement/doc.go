@@ -171,14 +171,22 @@
 // tokens). A queue only makes a turn look slower, so a faster turn sets the
 // rate and a slower one pulls it a tenth of the way (meanWeight). Before
 // any turn taught it, DefaultPrefillRate (2,000 tokens/s) applies, which
-// makes moves look costlier, never cheaper. The turn time is the mean of Turn.Duration
-// (DefaultTurnTime, 10 s, before one finished). The factor 1.5 keeps noise
+// makes moves look costlier, never cheaper. The turn time is the mean place
+// a finished turn held in its replica's batch: its decode (Turn.Duration −
+// Turn.FirstToken) and its computed tokens at that rate, not the queue
+// before it, which the turns ahead already count (DefaultTurnTime, 10 s,
+// before one finished). The factor 1.5 keeps noise
 // in the polled queues from moving conversations between replicas that
 // queue about as deep. The same estimate decides spills under admission
 // (where the target must also fit the conversation) and with SpillWaiting.
 //
-// Decision.Stay and Decision.Move carry the two estimates for every turn
-// over the threshold that had a target; Snapshot.RecentSpills keeps the last
+// Every decision carries the same estimate for the replica it chose
+// (Decision.Expect): the wait there, then the prefill of what the turn is
+// expected to find uncached (beyond its conversation's last prompt where
+// it stays, else beyond the replica's system prompt). The Caddy module
+// answers with it (X-LM-Warden-Expect), and warden-bench measures it against the time to first token
+// the turn met. Decision.Stay and Decision.Move carry the two estimates
+// for every turn over the threshold that had a target; Snapshot.RecentSpills keeps the last
 // eight such decisions and ReplicaSnapshot.SpillDeclined counts those that
 // stayed.
 //

@@ -34,7 +34,7 @@ const (
 // it.
 type cost struct {
 	rate    float64 // learned prefill rate, tokens/s; 0 = none yet
-	turn    float64 // mean seconds from routing to a turn's end; 0 = none yet
+	turn    float64 // mean seconds a turn held a place in the batch; 0 = none yet
 	backlog float64 // tokens of long prefills sent here not yet computed (estimate)
 	at      int64   // Router.clock of backlog
 }
@@ -212,8 +212,8 @@ func (r *Router) room(q *replica, tokens int64) bool {
 }
 
 // learn updates p's prefill rate and turn time from a finished turn
-// routed there: computed tokens over its time to first token, and its
-// time from routing to its end. A turn's rate can only understate the
+// routed there: computed tokens over its time to first token, and the
+// place it held in the batch. A turn's rate can only understate the
 // replica's (a queue ahead of it adds to its time), so a faster turn sets
 // the rate and a slower one pulls it meanWeight of the way. r.mu held.
 func (p *replica) learn(t Turn) {

@@ -30,6 +30,9 @@ const (
 	// WaitHeader is LM Warden's answer header saying how many seconds a
 	// new conversation's first request waited for admission.
 	WaitHeader = "X-LM-Warden-Wait"
+	// ExpectHeader is LM Warden's answer header of the turn's expected time
+	// to first token from its routing, in seconds.
+	ExpectHeader = "X-LM-Warden-Expect"
 	// EngineHeader is the emulator's (and the demo's) engine header.
 	EngineHeader = "X-Emu-Engine"
 )
@@ -65,24 +68,9 @@ type TurnResult struct {
 	// Waited is how long LM Warden held the request for admission
 	// (X-LM-Warden-Wait); 0 when it was not held.
 	Waited time.Duration
-	// Expect is the turn's expected time to first token from its routing,
-	// as the route header gave it ("; expect 0.42s"); 0 when it gave none.
+	// Expect is the turn's expected time to first token from its routing
+	// (X-LM-Warden-Expect); 0 when none was given.
 	Expect time.Duration
-}
-
-// routeExpect returns the expected time to first token a route header
-// value ends with ("…; expect 0.42s"); 0 when it has none or it does not
-// parse.
-func routeExpect(route string) time.Duration {
-	i := strings.LastIndex(route, "; expect ")
-	if i < 0 {
-		return 0
-	}
-	d, err := time.ParseDuration(strings.TrimSpace(route[i+len("; expect "):]))
-	if err != nil || d < 0 {
-		return 0
-	}
-	return d
 }
 
 // Target returns the base URL turn t of sess is sent to: BaseURL, or one
@@ -141,7 +129,11 @@ func (c *Client) Send(ctx context.Context, sess *Session, t int) (TurnResult, er
 	}
 	defer resp.Body.Close()
 	res.Route = resp.Header.Get(RouteHeader)
-	res.Expect = routeExpect(res.Route)
+	if v := resp.Header.Get(ExpectHeader); v != "" {
+		if secs, err := strconv.ParseFloat(v, 64); err == nil && secs >= 0 && secs < 1e6 {
+			res.Expect = time.Duration(secs * float64(time.Second))
+		}
+	}
 	if v := resp.Header.Get(WaitHeader); v != "" {
 		if secs, err := strconv.ParseFloat(v, 64); err == nil && secs > 0 && secs < 1e6 {
 			res.Waited = time.Duration(secs * float64(time.Second))

@@ -96,7 +96,7 @@ func testSession(t *testing.T) *Session {
 }
 
 func TestClientAnthropic(t *testing.T) {
-	f := &fakeServer{t: t, stream: anthropicStream, headers: map[string]string{EngineHeader: "2", RouteHeader: "127.0.0.1:8002; sticky"}}
+	f := &fakeServer{t: t, stream: anthropicStream, headers: map[string]string{EngineHeader: "2", RouteHeader: "127.0.0.1:8002; sticky", ExpectHeader: "0.420"}}
 	srv := httptest.NewServer(f)
 	defer srv.Close()
 	s := testSession(t)
@@ -134,8 +134,8 @@ func TestClientAnthropic(t *testing.T) {
 	if res.Text != " the code" || res.OutputTokens != 2 || res.CachedTokens != 3584 {
 		t.Errorf("result %+v", res)
 	}
-	if res.Replica != "2" || res.Route != "127.0.0.1:8002; sticky" {
-		t.Errorf("replica %q route %q", res.Replica, res.Route)
+	if res.Replica != "2" || res.Route != "127.0.0.1:8002; sticky" || res.Expect != 420*time.Millisecond {
+		t.Errorf("replica %q route %q expect %v", res.Replica, res.Route, res.Expect)
 	}
 	if res.FirstToken.IsZero() || res.FirstToken.Before(res.Sent) || res.Done.Before(res.FirstToken) {
 		t.Errorf("times sent %v first %v done %v", res.Sent, res.FirstToken, res.Done)

@@ -21,7 +21,7 @@ type TurnRecord struct {
 	Output     int    // output tokens received (usage when reported, else counted)
 	Replica    string // replica that served, "" when unknown
 	// Expect is the router's expected time to first token from Routed
-	// (X-LM-Warden-Route's "expect"); 0 when it gave none.
+	// (X-LM-Warden-Expect); 0 when it gave none.
 	Expect  time.Duration
 	Err     bool
 	Aborted bool // cut off by the end of the stage: neither a request nor an error

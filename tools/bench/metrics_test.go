@@ -65,6 +65,29 @@ func TestMeasureSyntheticTimeline(t *testing.T) {
 	}
 }
 
+// TestMeasureExpectError checks the router's estimate against the time to
+// first token measured from routing: turns without an estimate, or outside
+// the window, do not count.
+func TestMeasureExpectError(t *testing.T) {
+	w := Window{From: 10 * sec, To: 70 * sec}
+	turns := []TurnRecord{
+		// 2 s from its start, expected 1 s: 1 s late
+		{Session: 0, Turn: 0, Start: 10 * sec, FirstToken: 12 * sec, End: 13 * sec, Expect: sec},
+		// held 5 s, then 1 s from its routing, expected 3 s: 2 s early
+		{Session: 1, Turn: 0, Start: 20 * sec, Routed: 25 * sec, FirstToken: 26 * sec, End: 27 * sec, Expect: 3 * sec},
+		// 4 s, expected 4.5 s: 0.5 s early
+		{Session: 2, Turn: 0, Start: 30 * sec, FirstToken: 34 * sec, End: 35 * sec, Expect: 4500 * time.Millisecond},
+		// no estimate (a peer's turn)
+		{Session: 3, Turn: 0, Start: 40 * sec, FirstToken: 49 * sec, End: 50 * sec},
+		// before the window
+		{Session: 4, Turn: 0, Start: 0, FirstToken: 9 * sec, End: 9 * sec, Expect: sec},
+	}
+	st := Measure(turns, nil, w)
+	if st.ExpectTurns != 3 || st.ExpectErrP50S != 1 || st.ExpectErrP95S != 2 || !near(st.ExpectLatePct, 100.0/3) {
+		t.Errorf("expect: %d turns, error p50 %g p95 %g, late %g %%; want 3, 1, 2, 33.3", st.ExpectTurns, st.ExpectErrP50S, st.ExpectErrP95S, st.ExpectLatePct)
+	}
+}
+
 func TestMeasureEmptyWindow(t *testing.T) {
 	st := Measure(nil, nil, Window{From: 5 * sec, To: 5 * sec})
 	if st.Requests != 0 || st.SessionsPerHour != 0 || st.PrefixHitPct != 0 {

@@ -151,7 +151,7 @@
 //
 //	stay = wait(bound)
 //	move = wait(target) + recomputed / rate(target)
-//	move when stay > 1.5 × move + Config.SpillMargin (default 1 s)
+//	move when stay > move + Config.SpillMargin (default 1 s)
 //	     and the target's free KV (1 − KV usage) × capacity ≥ recomputed
 //
 // wait(p) is the turn's wait for a place in p's batch, then for the long
@@ -175,9 +175,11 @@
 // a finished turn held in its replica's batch: its decode (Turn.Duration −
 // Turn.FirstToken) and its computed tokens at that rate, not the queue
 // before it, which the turns ahead already count (DefaultTurnTime, 10 s,
-// before one finished). The factor 1.5 keeps noise
+// before one finished). The margin is the one hysteresis: it keeps noise
 // in the polled queues from moving conversations between replicas that
-// queue about as deep. The same estimate decides spills under admission
+// queue about as deep (a factor of 1.5 on the target's estimate besides
+// it, as SGLang's gateway compares loads, moved no shape beyond the seeds'
+// spread, and is gone). The same estimate decides spills under admission
 // (where the target must also fit the conversation) and with SpillWaiting.
 //
 // Every decision carries the same estimate for the replica it chose

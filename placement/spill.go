@@ -16,12 +16,6 @@ const (
 	// DefaultTurnTime is how long a turn is assumed to hold its place in
 	// the engine's batch before one of the replica's turns finished.
 	DefaultTurnTime = 10 * time.Second
-	// spillFactor is how many times its expected wait on the target a
-	// turn must expect to wait on its replica, besides the margin: where
-	// both replicas queue, a difference of a request or two in their
-	// polled queues is noise, and a move on it only moves the queue and
-	// evicts caches (SGLang's gateway moves only past 1.5× the least load).
-	spillFactor = 1.5
 	// minRateTokens is the fewest computed tokens a turn needs to teach
 	// its replica's prefill rate: below it the time to first token is
 	// mostly the engine's step overhead.
@@ -181,8 +175,8 @@ func (r *Router) recompute(e int32, q *replica, tokens int) int64 {
 }
 
 // pays decides whether the turn of entry e on from, over the threshold,
-// moves to q: its expected wait on from must exceed spillFactor times its
-// expected wait on q, recomputing its history there, by SpillMargin, and
+// moves to q: its expected wait on from must exceed its expected wait on q,
+// recomputing its history there, by SpillMargin (the one hysteresis), and
 // q's KV cache must have room for that history. It records the decision
 // for Snapshot and returns the estimate.
 func (r *Router) pays(e int32, from, q *replica, tokens int, now int64) (SpillCost, bool) {
@@ -193,7 +187,7 @@ func (r *Router) pays(e int32, from, q *replica, tokens int, now int64) (SpillCo
 		At: time.Unix(0, now), From: from.id, To: q.id, Context: int(ctx),
 		Stay: time.Duration(stay * 1e9), Move: time.Duration(move * 1e9),
 	}
-	c.Moved = stay > move*spillFactor+r.cfg.SpillMargin.Seconds() && r.room(q, ctx)
+	c.Moved = stay > move+r.cfg.SpillMargin.Seconds() && r.room(q, ctx)
 	r.spillLog[r.spillN%recentSpills] = c
 	r.spillN++
 	return c, c.Moved

@@ -102,7 +102,7 @@ func TestSpillCost(t *testing.T) {
 			setup: func(t *testing.T, r *Router) {
 				bindTo(t, r, "k", "r0", t0)
 				r.UpdateLoad("r0", queued(3, 6))
-				r.UpdateLoad("r1", queued(3, 5))
+				r.UpdateLoad("r1", queued(3, 6))
 			},
 			req:  Request{Key: "k", Tokens: 2000},
 			want: "r0", reason: ReasonStayedOverloaded,
@@ -186,15 +186,16 @@ func TestSpillBacklog(t *testing.T) {
 		t.Fatalf("first: %s, move %v", d.Reason, d.Move)
 	}
 	d.Release()
-	// b: 10 s of a's prefill ahead, then its own 10 s
-	d, _ = r.Route(Request{Key: "b", Tokens: 20000, Now: t0})
-	if d.Reason != ReasonSpillDeclined || d.Move != 20*time.Second {
+	// b: 10 s of a's prefill ahead, then its own 12.5 s, and the margin:
+	// more than the 23.3 s it waits where it is
+	d, _ = r.Route(Request{Key: "b", Tokens: 25000, Now: t0})
+	if d.Reason != ReasonSpillDeclined || d.Move != 22500*time.Millisecond {
 		t.Fatalf("second: %s, move %v", d.Reason, d.Move)
 	}
 	d.Release()
 	// ten seconds later the backlog has drained
-	d, _ = r.Route(Request{Key: "b", Tokens: 20000, Now: t0.Add(10 * time.Second)})
-	if d.Reason != ReasonSpilled || d.Move != 10*time.Second {
+	d, _ = r.Route(Request{Key: "b", Tokens: 25000, Now: t0.Add(10 * time.Second)})
+	if d.Reason != ReasonSpilled || d.Move != 12500*time.Millisecond {
 		t.Fatalf("later: %s, move %v", d.Reason, d.Move)
 	}
 	d.Release()

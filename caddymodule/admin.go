@@ -333,6 +333,10 @@ func buildCard(m *modelState, now time.Time) Card {
 		if r.PrefillRate > 0 {
 			row.PrefillRate = optional(r.PrefillRate)
 		}
+		if r.TTFTTurns > 0 {
+			row.ExpectedTTFTS = optional(r.ExpectedTTFT.Seconds())
+			row.MeasuredTTFTS = optional(r.MeasuredTTFT.Seconds())
+		}
 		if r.EngineKV >= 0 {
 			row.EngineKVTokens = optional(r.EngineKV)
 		}

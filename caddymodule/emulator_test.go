@@ -15,8 +15,10 @@ import (
 // TestEmulatedDataParallelServer runs Claude-Code-like conversations through
 // Caddy to the emulated vLLM server with two data-parallel engines: every
 // conversation stays on its engine (the engine that answered is the one the
-// route header names), later turns hit the prefix cache, and the card's
-// token counts equal the usage the responses carried, summed client-side.
+// route header names), later turns hit the prefix cache, the card's token
+// counts equal the usage the responses carried, summed client-side, and
+// each engine's row shows the router's expected time to first token beside
+// the measured one.
 func TestEmulatedDataParallelServer(t *testing.T) {
 	emu, err := emulator.NewServer(emulator.ServerConfig{DataParallel: 2, Speed: 50, Model: "qwen3-4b"})
 	if err != nil {
@@ -88,4 +90,14 @@ func TestEmulatedDataParallelServer(t *testing.T) {
 	if got != want {
 		t.Errorf("card tokens %+v, responses carried %+v", got, want)
 	}
+	// every engine's turns checked the router's expected time to first
+	// token against the time they met (recorded at each turn's end)
+	waitFor(t, "the engines' expected and measured TTFT", func() bool {
+		for _, r := range getCard(t, "emu").Replicas {
+			if r.ExpectedTTFTS == nil || r.MeasuredTTFTS == nil || *r.MeasuredTTFTS <= 0 {
+				return false
+			}
+		}
+		return true
+	})
 }

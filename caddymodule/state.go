@@ -390,7 +390,7 @@ func (m *modelState) feedback(key string, dec placement.Decision, u vllmstats.Us
 		Key: key, Replica: dec.Replica, Reason: dec.Reason,
 		Prompt: int(min(u.PromptTokens, 1<<31-1)), Cached: cached,
 		Completion: int(min(max(u.CompletionTokens, 0), 1<<31-1)),
-		FirstToken: first, Duration: total,
+		FirstToken: first, Duration: total, Expect: dec.Expect,
 	})
 	if predicted > 0 {
 		m.acct.RecordDelivery(dec.Replica, predicted, min(cached, predicted), now)

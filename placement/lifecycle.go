@@ -24,6 +24,11 @@ type Turn struct {
 	// Duration to its end, as the proxy saw them; 0 = unknown. They teach
 	// the replica's prefill rate and turn time (the spill cost model).
 	FirstToken, Duration time.Duration
+	// Expect is the decision's expected time to first token
+	// (Decision.Expect); with FirstToken it shows how far the estimate
+	// was from what the turn met (ReplicaSnapshot.ExpectedTTFT). 0 =
+	// none.
+	Expect time.Duration
 }
 
 // Feedback records what the engine delivered for a finished turn and checks

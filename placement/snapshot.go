@@ -71,11 +71,16 @@ type ReplicaSnapshot struct {
 	Busy     float64
 
 	// The spill cost model's figures: the prefill rate learned from the
-	// turns here, in tokens per second, and the mean time from routing to
-	// a turn's end (0 when none was learned yet: DefaultPrefillRate and
+	// turns here, in tokens per second, and the mean place a turn held in
+	// the batch (0 when none was learned yet: DefaultPrefillRate and
 	// DefaultTurnTime apply).
 	PrefillRate float64
 	TurnTime    time.Duration
+	// The model checked: the recent mean of the turns' expected time to
+	// first token here (Turn.Expect) and of the time they met
+	// (Turn.FirstToken), over TTFTTurns turns that had both.
+	ExpectedTTFT, MeasuredTTFT time.Duration
+	TTFTTurns                  uint64
 }
 
 // Counters are a replica's event counters since the Router was created.
@@ -176,6 +181,7 @@ func (r *Router) Snapshot() Snapshot {
 			WorkingSet: ws, Capacity: c, Full: p.full,
 			EngineKV: r.engineKV(p), Hits: p.hits, Busy: p.busy,
 			PrefillRate: p.cost.rate, TurnTime: time.Duration(p.cost.turn * 1e9),
+			ExpectedTTFT: time.Duration(p.cost.expected * 1e9), MeasuredTTFT: time.Duration(p.cost.measured * 1e9), TTFTTurns: p.cost.checked,
 		})
 		row := &s.Replicas[len(s.Replicas)-1]
 		s.Admission.add(row.WorkingSet, row.Capacity, row.EngineKV, r.adm.strained(p), row.Paused)

@@ -30,7 +30,11 @@ type cost struct {
 	rate    float64 // learned prefill rate, tokens/s; 0 = none yet
 	turn    float64 // mean seconds a turn held a place in the batch; 0 = none yet
 	backlog float64 // tokens of long prefills sent here not yet computed (estimate)
-	at      int64   // Router.clock of backlog
+	// the means of the turns' expected and measured time to first token,
+	// seconds, over checked turns
+	expected, measured float64
+	checked            uint64
+	at                 int64 // Router.clock of backlog
 }
 
 // SpillCost is one spill decision with its estimates: the conversation's
@@ -219,6 +223,12 @@ func (p *replica) learn(t Turn) {
 		} else {
 			c.rate += (rate - c.rate) * meanWeight
 		}
+	}
+	if t.Expect > 0 && t.FirstToken > 0 {
+		c.checked++
+		w := max(meanWeight, 1/float64(c.checked)) // the plain mean until meanSpan turns
+		c.expected += (t.Expect.Seconds() - c.expected) * w
+		c.measured += (t.FirstToken.Seconds() - c.measured) * w
 	}
 	if t.Duration > 0 {
 		// the place it held in the batch: its decode, and its prefill at

@@ -306,3 +306,23 @@ func TestExpect(t *testing.T) {
 		})
 	}
 }
+
+// TestExpectChecked checks the replica's means of the turns' expected and
+// measured time to first token: the plain mean over the first turns.
+func TestExpectChecked(t *testing.T) {
+	t.Parallel()
+	r := newTestRouter(1, Config{})
+	bindTo(t, r, "k", "r0", t0)
+	s := r.Snapshot().Replicas[0]
+	if s.TTFTTurns != 0 || s.ExpectedTTFT != 0 || s.MeasuredTTFT != 0 {
+		t.Fatalf("before a turn: %d turns, %v / %v", s.TTFTTurns, s.ExpectedTTFT, s.MeasuredTTFT)
+	}
+	// a turn without an estimate (a side request, a peer) is not checked
+	r.Feedback(Turn{Key: "k", Replica: "r0", Reason: ReasonClientPinned, Prompt: 100, FirstToken: time.Second})
+	r.Feedback(Turn{Key: "k", Replica: "r0", Reason: ReasonClientPinned, Prompt: 100, FirstToken: 2 * time.Second, Expect: time.Second})
+	r.Feedback(Turn{Key: "k", Replica: "r0", Reason: ReasonClientPinned, Prompt: 100, FirstToken: 4 * time.Second, Expect: 3 * time.Second})
+	s = r.Snapshot().Replicas[0]
+	if s.TTFTTurns != 2 || s.ExpectedTTFT != 2*time.Second || s.MeasuredTTFT != 3*time.Second {
+		t.Errorf("after two turns: %d turns, expected %v, measured %v; want 2, 2s, 3s", s.TTFTTurns, s.ExpectedTTFT, s.MeasuredTTFT)
+	}
+}

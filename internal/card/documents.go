@@ -148,6 +148,12 @@ type ReplicaRow struct {
 	// PrefillRate is the prefill rate learned from the turns here, in
 	// tokens per second; null before one was learned.
 	PrefillRate *float64 `json:"prefill_rate"`
+	// ExpectedTTFTS and MeasuredTTFTS are the recent means of the turns'
+	// expected time to first token here (X-LM-Warden-Expect) and of the
+	// time they met from routing, in seconds; null before a turn had
+	// both.
+	ExpectedTTFTS *float64 `json:"expected_ttft_s"`
+	MeasuredTTFTS *float64 `json:"measured_ttft_s"`
 	// Cached tokens of the sticky turns here: predicted by the binding
 	// (the previous turn's prompt minus one block) and delivered by the
 	// engine (capped at the prediction), and the delivered share; the

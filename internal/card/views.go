@@ -96,6 +96,9 @@ var uiReplicaColumns = []uiColumn{
 	{Key: "delivered", Label: "Delivered / predicted", Group: "Cache",
 		Title: "cached tokens the engine delivered on sticky turns, as a share of what the bindings predicted",
 		Doc:   "cached tokens the engine delivered on this replica's sticky turns (each capped at its prediction) as a share of what their bindings predicted, with both token counts"},
+	{Key: "ttft", Label: "TTFT expected / measured", Group: "Cache",
+		Title: "the router's expected time to first token of the recent turns here, against the time they met from routing",
+		Doc:   "the recent mean of the turns' expected time to first token here (`X-LM-Warden-Expect`) against the time they met from routing (`expected_ttft_s`, `measured_ttft_s` in the JSON): how good the router's estimate is on this replica"},
 	{Key: "bindings", Label: "Bindings (recent)", Group: "Decisions",
 		Title: "conversations bound to the replica (of those, with a turn within the last 10 minutes; and paused at a turn boundary, whose next turn waits until room comes round again: time-slicing)",
 		Doc:   "conversations bound to this replica (of those, with a turn within the last 10 minutes: `active` in the JSON, used when placing new ones; and those paused at a turn boundary, whose next turn waits until room comes round again, see *Time-slicing*: \"12 (3 recent, 2 paused)\", `paused` per replica and `admission.paused` / `paused_total` / `queued_turns` / `rotate_turns` in the JSON); its tooltip counts the requests routed here by where their conversation key came from: a session header, the body (`metadata.user_id`, `prompt_cache_key`), a fingerprint of the conversation's start, or none (\"keyed by 40 header · 2 body\"; `keyed_by` in the JSON, `lm_warden_key_source_requests_total`)"},
@@ -255,6 +258,7 @@ func buildCardView(doc Card, now time.Time) uiCardView {
 				"kv":             uiOptPct(r.KVUsage),
 				"hit":            uiHit(r),
 				"delivered":      uiDelivered(r.DeliveredShare, r.DeliveredCached, r.PredictedCached),
+				"ttft":           uiTTFT(r.ExpectedTTFTS, r.MeasuredTTFTS),
 				"bindings":       uiBindings(r),
 				"working_set":    uiWorkingSet(r.WorkingSetTokens, r.KVCapacityTokens, r.EngineKVTokens, r.Full),
 				"state":          state,
@@ -427,6 +431,15 @@ func uiDelivered(share *float64, delivered, predicted uint64) uiVal {
 	}
 	return uiVal{V: *share, T: uiPct(*share).T + " (" +
 		uiTokenCount(delivered).T + " of " + uiTokenCount(predicted).T + ")"}
+}
+
+// uiTTFT renders a replica's expected and measured time to first token,
+// "0.42 / 0.45 s"; its value is the measured one.
+func uiTTFT(expected, measured *float64) uiVal {
+	if expected == nil || measured == nil {
+		return uiVal{V: nil, T: "none yet"}
+	}
+	return uiVal{V: *measured, T: fmt.Sprintf("%.2f / %.2f s", *expected, *measured)}
 }
 
 func buildStatsView(model, replica string, ch Chart) uiStatsView {

@@ -75,3 +75,22 @@ func TestUISpillDeclinedTooltip(t *testing.T) {
 		}
 	}
 }
+
+func TestUITTFT(t *testing.T) {
+	t.Parallel()
+	f := func(v float64) *float64 { return &v }
+	for _, tc := range []struct {
+		expected, measured *float64
+		text               string
+		value              any
+	}{
+		{nil, nil, "none yet", nil},
+		{f(0.42), f(0.451), "0.42 / 0.45 s", 0.451},
+		{f(12.3), f(3), "12.30 / 3.00 s", 3.0},
+	} {
+		v := uiTTFT(tc.expected, tc.measured)
+		if v.T != tc.text || v.V != tc.value {
+			t.Errorf("uiTTFT: %q (%v), want %q (%v)", v.T, v.V, tc.text, tc.value)
+		}
+	}
+}

@@ -594,7 +594,7 @@ func (s *simulator) finishStep(i int) {
 				}
 				s.router.Feedback(placement.Turn{Key: t.slot.sess.ID, Replica: e.id, Reason: t.reason,
 					Prompt: len(t.req.Prompt), Cached: t.req.CachedTokens, Completion: len(t.req.Output),
-					FirstToken: t.rec.FirstToken - routed, Duration: s.now - routed})
+					FirstToken: t.rec.FirstToken - routed, Duration: s.now - routed, Expect: t.rec.Expect})
 				if s.cfg.BytesPerToken > 0 {
 					sl := t.slot
 					s.sizes.Observe(int64(sl.textBytes), int64(len(t.req.Prompt)-sl.textAnswered))

@@ -80,6 +80,9 @@ type slot struct {
 	fp   int64
 	// gen is the replica's poll generation when the hold began
 	gen uint32
+	// mark is the replica's backlog total when the turn was routed
+	// (replica.doneBefore)
+	mark float64
 }
 
 const slotChunk = 64

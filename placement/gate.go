@@ -78,6 +78,7 @@ func (r *Router) released(s *slot, now int64) {
 	} else {
 		now = r.clock
 	}
+	s.rep.doneBefore(s.mark, now)
 	r.adm.ended(s, now)
 }
 

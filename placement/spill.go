@@ -34,6 +34,7 @@ type cost struct {
 	// seconds, over checked turns
 	expected, measured float64
 	checked            uint64
+	added              float64 // tokens ever counted in backlog
 	at                 int64 // Router.clock of backlog
 }
 
@@ -91,6 +92,18 @@ func (p *replica) addBacklog(tokens int64, now int64) {
 	}
 	p.cost.backlog = p.backlog(now) + float64(tokens)
 	p.cost.at = now
+	p.cost.added += float64(tokens)
+}
+
+// doneBefore bounds p's backlog at now by a turn that ended there: the
+// engine prefills in arrival order, so what was ahead of it when it was
+// routed (up to mark, the backlog's running total then, its own prefill
+// included) is computed by now. A turn the engine refused, or that failed,
+// ends its own prefill too. Only what was added since can still be ahead.
+func (p *replica) doneBefore(mark float64, now int64) {
+	if rest := p.cost.added - mark; p.backlog(now) > rest {
+		p.cost.backlog = max(0, rest)
+	}
 }
 
 // slotWait estimates how long one more turn waits on p for a place in the

@@ -1,6 +1,7 @@
 package placement
 
 import (
+	"fmt"
 	"testing"
 	"time"
 )
@@ -181,24 +182,66 @@ func TestSpillBacklog(t *testing.T) {
 	bindTo(t, r, "a", "r0", t0)
 	bindTo(t, r, "b", "r0", t0)
 	r.UpdateLoad("r0", queued(3, 6)) // 23.3 s ahead
-	d, _ := r.Route(Request{Key: "a", Tokens: 20000, Now: t0})
-	if d.Reason != ReasonSpilled || d.Move != 10*time.Second {
-		t.Fatalf("first: %s, move %v", d.Reason, d.Move)
+	a, _ := r.Route(Request{Key: "a", Tokens: 20000, Now: t0})
+	if a.Reason != ReasonSpilled || a.Move != 10*time.Second {
+		t.Fatalf("first: %s, move %v", a.Reason, a.Move)
 	}
-	d.Release()
 	// b: 10 s of a's prefill ahead, then its own 12.5 s, and the margin:
 	// more than the 23.3 s it waits where it is
-	d, _ = r.Route(Request{Key: "b", Tokens: 25000, Now: t0})
+	d, _ := r.Route(Request{Key: "b", Tokens: 25000, Now: t0})
 	if d.Reason != ReasonSpillDeclined || d.Move != 22500*time.Millisecond {
 		t.Fatalf("second: %s, move %v", d.Reason, d.Move)
 	}
 	d.Release()
-	// ten seconds later the backlog has drained
-	d, _ = r.Route(Request{Key: "b", Tokens: 25000, Now: t0.Add(10 * time.Second)})
-	if d.Reason != ReasonSpilled || d.Move != 12500*time.Millisecond {
+	// five seconds later half of a's prefill is left
+	d, _ = r.Route(Request{Key: "b", Tokens: 25000, Now: t0.Add(5 * time.Second)})
+	if d.Reason != ReasonSpilled || d.Move != 17500*time.Millisecond {
 		t.Fatalf("later: %s, move %v", d.Reason, d.Move)
 	}
 	d.Release()
+}
+
+// A turn that ended (answered, refused or failed) has had its prefill, and
+// so has every prefill routed to its replica before it: the backlog keeps
+// only what was routed there since, however slow the rate it drains at.
+func TestSpillBacklogEndsWithTheTurn(t *testing.T) {
+	t.Parallel()
+	r := newTestRouter(2, Config{SpillThreshold: 2})
+	r.UpdateLoad("r0", queued(3, 6)) // over the threshold: new ones go to r1
+	// three new conversations on r1: 30,000 tokens at the prior's 2,000
+	// tokens/s
+	var ds []Decision
+	for i := range 3 {
+		d, err := r.Route(Request{Key: fmt.Sprintf("new-%d", i), Tokens: 10000, Now: t0})
+		if err != nil || d.Replica != "r1" || d.Reason != ReasonPlaced {
+			t.Fatalf("new-%d: %s (%s), %v", i, d.Replica, d.Reason, err)
+		}
+		ds = append(ds, d)
+	}
+	// a probe pinned to r1 a second later, held in flight (one that
+	// ended would say every prefill before it was done): its expected
+	// time to first token, less its own 1 s of prefill
+	probes := 0
+	ahead := func() time.Duration {
+		t.Helper()
+		probes++
+		d, _ := r.Route(Request{Key: fmt.Sprintf("probe-%d", probes), Tokens: 2000, Pin: "r1", Now: t0.Add(time.Second)})
+		t.Cleanup(d.Release)
+		return d.Expect - time.Second
+	}
+	if got := ahead(); got != 14*time.Second {
+		t.Fatalf("r1's backlog after a second: %v, want 14s", got)
+	}
+	// the second ends: the first and second prefills are done
+	ds[1].ReleaseAt(t0.Add(time.Second))
+	if got := ahead(); got != 5*time.Second {
+		t.Errorf("after the second ended: %v, want 5s (the third's prefill)", got)
+	}
+	ds[0].ReleaseAt(t0.Add(time.Second))
+	ds[2].ReleaseAt(t0.Add(time.Second))
+	if got := ahead(); got != 0 {
+		t.Errorf("after all ended: %v, want 0", got)
+	}
 }
 
 func TestLearnPrefillRate(t *testing.T) {
@@ -255,10 +298,10 @@ func TestExpect(t *testing.T) {
 			want: 5 * time.Second, why: ReasonPlaced,
 		},
 		{
-			name: "a new conversation behind another's prefill",
+			name: "a new conversation behind another's prefill, in flight",
 			setup: func(t *testing.T, r *Router) {
 				d, _ := r.Route(Request{Key: "first", Tokens: 4000, Now: t0})
-				d.Release()
+				t.Cleanup(d.Release)
 			},
 			req:  Request{Key: "new", Tokens: 10000},
 			want: 7 * time.Second, why: ReasonPlaced,

@@ -35,7 +35,7 @@ type cost struct {
 	expected, measured float64
 	checked            uint64
 	added              float64 // tokens ever counted in backlog
-	at                 int64 // Router.clock of backlog
+	at                 int64   // Router.clock of backlog
 }
 
 // SpillCost is one spill decision with its estimates: the conversation's

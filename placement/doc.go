@@ -160,7 +160,9 @@
 // its KV allows no more); beyond that, one turn time per batch of turns
 // ahead ((load + 1 − batch) × turn time ÷ batch, load = max(in flight,
 // polled running + waiting)). The long prefills are the new conversations
-// and moved histories routed to p, drained at its rate since. recomputed is
+// and moved histories routed to p, drained at its rate since; a turn that
+// ends there (answered, refused or failed) leaves only what was routed
+// there after it, as the engine prefills in arrival order. recomputed is
 // the conversation's prompt as the engine counted it on its last turn
 // (Feedback; else Request.Tokens) less what a new conversation finds cached
 // on the target (the system prompt). A free KV share or capacity that is

@@ -56,6 +56,11 @@ func (r *Router) Feedback(t Turn) (predicted int, cold bool) {
 	h := r.hash(t.Key)
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if i, ok := r.byID[t.Replica]; ok {
+		// the replica's rate and turn time, whatever the binding (with
+		// affinity off there is none)
+		r.reps[i].learn(t)
+	}
 	e, ok := r.b.idx[h]
 	if !ok {
 		return 0, false
@@ -65,7 +70,6 @@ func (r *Router) Feedback(t Turn) (predicted int, cold bool) {
 	if p.id != t.Replica {
 		return 0, false
 	}
-	p.learn(t)
 	if base := min(int(en.prompt), t.Prompt); (t.Reason == ReasonSticky || t.Reason == ReasonStayedOverloaded || t.Reason == ReasonSpillDeclined) && base > DefaultBlockTokens {
 		predicted = base - DefaultBlockTokens
 		got := min(t.Cached, predicted)

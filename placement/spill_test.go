@@ -369,3 +369,20 @@ func TestExpectChecked(t *testing.T) {
 		t.Errorf("after two turns: %d turns, expected %v, measured %v; want 2, 2s, 3s", s.TTFTTurns, s.ExpectedTTFT, s.MeasuredTTFT)
 	}
 }
+
+// With affinity off no conversation is bound, and the replica still learns
+// its rate and turn time from the turns it answered.
+func TestLearnWithoutBinding(t *testing.T) {
+	t.Parallel()
+	r := newTestRouter(1, Config{AffinityOff: true})
+	d, err := r.Route(Request{Key: "k", Tokens: 10000, Now: t0})
+	if err != nil || d.Reason != ReasonAffinityOff {
+		t.Fatalf("%s, %v", d.Reason, err)
+	}
+	d.Release()
+	r.Feedback(Turn{Key: "k", Replica: d.Replica, Reason: d.Reason, Prompt: 10000, FirstToken: time.Second, Duration: 3 * time.Second, Expect: 5 * time.Second})
+	s := r.Snapshot().Replicas[0]
+	if s.PrefillRate != 10000 || s.TurnTime != 3*time.Second || s.TTFTTurns != 1 {
+		t.Errorf("rate %g, turn time %v, checked turns %d; want 10000, 3s, 1", s.PrefillRate, s.TurnTime, s.TTFTTurns)
+	}
+}

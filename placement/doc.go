@@ -188,11 +188,12 @@
 // (Decision.Expect): the wait there, then the prefill of what the turn is
 // expected to find uncached (beyond its conversation's last prompt where
 // it stays, else beyond the replica's system prompt). The Caddy module
-// answers with it (X-LM-Warden-Expect), and warden-bench measures it against the time to first token
-// the turn met. Decision.Stay and Decision.Move carry the two estimates
-// for every turn over the threshold that had a target; Snapshot.RecentSpills keeps the last
-// eight such decisions and ReplicaSnapshot.SpillDeclined counts those that
-// stayed.
+// answers with it (X-LM-Warden-Expect), warden-bench measures it against
+// the time to first token the turn met, and ReplicaSnapshot.ExpectedTTFT
+// and MeasuredTTFT keep both for the card. Decision.Stay and Decision.Move
+// carry the two estimates for every turn over the threshold that had a
+// target; Snapshot.RecentSpills keeps the last eight such decisions and
+// ReplicaSnapshot.SpillDeclined counts those that stayed.
 //
 // # Overload
 //

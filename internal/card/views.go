@@ -85,7 +85,7 @@ var uiReplicaColumns = []uiColumn{
 		Doc:   "whether the replica can be chosen now: *available*; *out* and why (poll failure, proxy errors with the cool-down's end, health check, marked unavailable; see *When a replica fails*); *unreachable* when the last 3 polls failed, with the last error and when it was last seen (`reachable`, `last_error`, `last_seen`, `out`, `cooldown_until`, `proxy_failures` in the JSON); then the engine its metrics name and, when some are missing, which figures it does not give"},
 	{Key: "held", Label: "Held", Group: "Load", Title: "requests in flight through this router on the replica"},
 	{Key: "run_wait", Label: "Running / waiting", Group: "Load", Title: "the engine's num_requests_running / num_requests_waiting",
-		Doc: "vLLM's `num_requests_running` / `num_requests_waiting`"},
+		Doc: "vLLM's `num_requests_running` / `num_requests_waiting`; the tooltip gives the wait they mean for a turn: the router's expected time to first token of the recent turns here against the time they met from routing (`expected_ttft_s`, `measured_ttft_s` in the JSON)"},
 	{Key: "kv", Label: "KV in use", Group: "Load", Title: "the engine's KV cache usage",
 		Doc: "vLLM's `kv_cache_usage_perc` (or the legacy `gpu_cache_usage_perc`), 0–100 %"},
 	{Key: "working_set", Label: "Working set / KV", Group: "Load",
@@ -96,9 +96,6 @@ var uiReplicaColumns = []uiColumn{
 	{Key: "delivered", Label: "Delivered / predicted", Group: "Cache",
 		Title: "cached tokens the engine delivered on sticky turns, as a share of what the bindings predicted",
 		Doc:   "cached tokens the engine delivered on this replica's sticky turns (each capped at its prediction) as a share of what their bindings predicted, with both token counts"},
-	{Key: "ttft", Label: "TTFT expected / measured", Group: "Cache",
-		Title: "the router's expected time to first token of the recent turns here, against the time they met from routing",
-		Doc:   "the recent mean of the turns' expected time to first token here (`X-LM-Warden-Expect`) against the time they met from routing (`expected_ttft_s`, `measured_ttft_s` in the JSON): how good the router's estimate is on this replica"},
 	{Key: "bindings", Label: "Bindings (recent)", Group: "Decisions",
 		Title: "conversations bound to the replica (of those, with a turn within the last 10 minutes; and paused at a turn boundary, whose next turn waits until room comes round again: time-slicing)",
 		Doc:   "conversations bound to this replica (of those, with a turn within the last 10 minutes: `active` in the JSON, used when placing new ones; and those paused at a turn boundary, whose next turn waits until room comes round again, see *Time-slicing*: \"12 (3 recent, 2 paused)\", `paused` per replica and `admission.paused` / `paused_total` / `queued_turns` / `rotate_turns` in the JSON); its tooltip counts the requests routed here by where their conversation key came from: a session header, the body (`metadata.user_id`, `prompt_cache_key`), a fingerprint of the conversation's start, or none (\"keyed by 40 header · 2 body\"; `keyed_by` in the JSON, `lm_warden_key_source_requests_total`)"},
@@ -254,11 +251,10 @@ func buildCardView(doc Card, now time.Time) uiCardView {
 			Cells: uiCounterCells(r.Counters, map[string]uiVal{
 				"held":           uiCount(r.Held),
 				"spill_declined": uiSpillDeclined(r.SpillDeclined, r.ID, doc.RecentSpills),
-				"run_wait":       {V: []*int{r.Running, r.Waiting}, T: uiOptCount(r.Running) + " / " + uiOptCount(r.Waiting)},
+				"run_wait":       {V: []*int{r.Running, r.Waiting}, T: uiOptCount(r.Running) + " / " + uiOptCount(r.Waiting), H: uiTTFT(r.ExpectedTTFTS, r.MeasuredTTFTS)},
 				"kv":             uiOptPct(r.KVUsage),
 				"hit":            uiHit(r),
 				"delivered":      uiDelivered(r.DeliveredShare, r.DeliveredCached, r.PredictedCached),
-				"ttft":           uiTTFT(r.ExpectedTTFTS, r.MeasuredTTFTS),
 				"bindings":       uiBindings(r),
 				"working_set":    uiWorkingSet(r.WorkingSetTokens, r.KVCapacityTokens, r.EngineKVTokens, r.Full),
 				"state":          state,
@@ -433,13 +429,15 @@ func uiDelivered(share *float64, delivered, predicted uint64) uiVal {
 		uiTokenCount(delivered).T + " of " + uiTokenCount(predicted).T + ")"}
 }
 
-// uiTTFT renders a replica's expected and measured time to first token,
-// "0.42 / 0.45 s"; its value is the measured one.
-func uiTTFT(expected, measured *float64) uiVal {
+// uiTTFT renders a replica's expected and measured time to first token
+// for the running / waiting cell's tooltip: "time to first token of the
+// recent turns: expected 0.42 s, measured 0.45 s"; "" before a turn had
+// both.
+func uiTTFT(expected, measured *float64) string {
 	if expected == nil || measured == nil {
-		return uiVal{V: nil, T: "none yet"}
+		return ""
 	}
-	return uiVal{V: *measured, T: fmt.Sprintf("%.2f / %.2f s", *expected, *measured)}
+	return fmt.Sprintf("time to first token of the recent turns: expected %.2f s, measured %.2f s", *expected, *measured)
 }
 
 func buildStatsView(model, replica string, ch Chart) uiStatsView {

@@ -342,7 +342,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			case http.StatusBadGateway, http.StatusGatewayTimeout:
 				// the replica chosen last could not be reached, or sent no
 				// response headers in time (response_header_timeout)
-				rw.failed(false)
+				rw.failed()
 				return h.fail(rw, r, st, err)
 			case http.StatusServiceUnavailable:
 				if st.refused && st.model != nil {
@@ -595,7 +595,7 @@ func noReplicaMessage(st *routeState, status int) string {
 func (h *Handler) finish(rw *responseWatcher) {
 	v := recover()
 	if v != nil {
-		rw.failed(false)
+		rw.failed()
 		defer panic(v)
 	}
 	if rw.parser != nil {

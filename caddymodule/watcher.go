@@ -71,7 +71,7 @@ func (rw *responseWatcher) WriteHeader(status int) {
 		// the engine: a 501 from a server that does not know the path
 		if status >= 500 {
 			if rw.inference {
-				rw.failed(true)
+				rw.failed()
 			}
 		} else {
 			rw.answered = true
@@ -101,19 +101,13 @@ func isInference(r *http.Request) bool {
 }
 
 // failed reports the request's failure at its replica, once, unless the
-// client went away first (then the replica is not to blame); answered: the
-// replica answered it with an error status, so the engine is up
-// (placement.Decision.FailedAnswer).
-func (rw *responseWatcher) failed(answered bool) {
+// client went away first (then the replica is not to blame).
+func (rw *responseWatcher) failed() {
 	if rw.failReport || rw.st == nil || !rw.st.routed || (rw.ctx != nil && rw.ctx.Err() != nil) {
 		return
 	}
 	rw.failReport = true
-	if answered {
-		rw.st.dec.FailedAnswer(time.Time{})
-	} else {
-		rw.st.dec.Failed(time.Time{})
-	}
+	rw.st.dec.Failed(time.Time{})
 }
 
 // abandoned reports a routed request whose client left before the replica

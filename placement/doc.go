@@ -29,9 +29,6 @@
 // fail), SetHealthDown (CauseHealth: the proxy's health checks), or a
 // cool-down after Decision.Failed (CauseProxy: a request to it failed;
 // Config.FailCooldown, doubled per failure in a row up to MaxFailCooldown).
-// After one Decision.FailedAnswer (the replica answered an error: its
-// engine is up) its bound conversations still take their turns there
-// through the cool-down; new conversations do not.
 // Going out for a poll failure or a health check, or failing twice in a row,
 // marks its bindings: their next turn is re-placed (ReasonReplaced) even if
 // the replica is back by then, so it regains conversations by load. When no

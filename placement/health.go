@@ -155,32 +155,17 @@ func (d Decision) Succeeded() {
 	r.mu.Unlock()
 }
 
-// FailedAnswer is Failed for a request the replica answered with an error
-// status (5xx): the engine is up, so its bound conversations keep going
-// there through the cool-down of a single such failure (new ones are
-// placed elsewhere); from the second failure in a row, as for Failed.
-func (d Decision) FailedAnswer(now time.Time) {
-	s := d.s
-	if s == nil || d.tok == 0 || s.tok.Load() != d.tok {
-		return
-	}
-	s.r.failAnswered(s.rep, unixNanos(now), true)
-}
-
-func (r *Router) fail(p *replica, now int64) { r.failAnswered(p, now, false) }
-
-func (r *Router) failAnswered(p *replica, now int64, answered bool) {
+func (r *Router) fail(p *replica, now int64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	p.proxyFails++
 	r.failLocked(p, r.advance(now), CauseProxy)
-	p.coolKeeps = answered && p.failStreak == 1
 }
 
 // failLocked puts p out for a failure (cause CauseProxy or
 // CauseAbandoned) at now: see Decision.Failed. r.mu held.
 func (r *Router) failLocked(p *replica, now int64, cause Cause) {
-	p.coolCause, p.coolKeeps = cause, false
+	p.coolCause = cause
 	cd := r.cfg.FailCooldown
 	for i := 0; i < p.failStreak && cd < r.cfg.MaxFailCooldown; i++ {
 		cd *= 2

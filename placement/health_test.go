@@ -258,34 +258,3 @@ func TestAbandonedTurnsTakeAHungReplicaOut(t *testing.T) {
 		})
 	}
 }
-
-// TestAnsweredFailureKeepsBoundConversations: a replica that answered one
-// request with an error is out for new conversations during its cool-down,
-// but the conversations bound there keep their turns there; a second
-// failure in a row places them anew. A failure without an answer (a
-// refused dial) moves them at once, as TestProxyFailureCooldown shows.
-func TestAnsweredFailureKeepsBoundConversations(t *testing.T) {
-	t.Parallel()
-	r := newTestRouter(2, Config{FailCooldown: 10 * time.Second})
-	bindTo(t, r, "a", "r0", t0)
-	bindTo(t, r, "b", "r0", t0)
-	d, _ := r.Route(Request{Key: "x", Pin: "r0", Now: t0})
-	d.FailedAnswer(t0)
-	d.Release()
-	if row := replicaRow(t, r, "r0"); row.Available || row.Out != CauseProxy || row.ProxyFailures != 1 {
-		t.Fatalf("r0 after an answered failure: %+v", row)
-	}
-	if d := route(t, r, "new", t0.Add(time.Second)); d.Replica != "r1" {
-		t.Fatalf("a new conversation placed on the cooling replica: %+v", d)
-	}
-	if d := route(t, r, "a", t0.Add(time.Second)); d.Replica != "r0" || d.Reason != ReasonSticky {
-		t.Fatalf("a bound conversation during the cool-down: %+v, want sticky on r0", d)
-	}
-	// a second failure in a row: its conversations are placed anew
-	d, _ = r.Route(Request{Key: "a", Now: t0.Add(2 * time.Second)})
-	d.FailedAnswer(t0.Add(2 * time.Second))
-	d.Release()
-	if d := route(t, r, "b", t0.Add(3*time.Second)); d.Replica != "r1" || d.Reason != ReasonReplaced {
-		t.Fatalf("after a second failure in a row: %+v, want re-placed on r1", d)
-	}
-}

@@ -31,9 +31,6 @@ type replica struct {
 	streak     atomic.Int32 // failStreak, read without the lock
 	proxyFails uint64       // proxy failures reported, ever
 	coolCause  Cause        // what the cool-down is for: CauseProxy or CauseAbandoned
-	// coolKeeps: the cool-down is for one error the engine answered
-	// (Decision.FailedAnswer): its bound conversations stay (keeps)
-	coolKeeps bool
 	ab         abandonState // turns left unanswered until their clients gave up
 
 	// bindings list, most recent first; entries head..activeTail are active.
@@ -113,19 +110,6 @@ func (f *fleet) usable(p *replica) bool {
 		return p.down&CauseHealth == 0
 	}
 	return p.down == 0 && p.coolUntil <= f.clock
-}
-
-// keeps reports whether p may take a turn of a conversation bound there:
-// when usable, and also in the cool-down of a single error the engine
-// answered (Decision.FailedAnswer), which keeps new conversations away
-// but says the engine is up: its bound conversations would recompute
-// their history elsewhere for one request's failure. A second failure in
-// a row places them anew (failLocked).
-func (f *fleet) keeps(p *replica) bool {
-	if f.usable(p) {
-		return true
-	}
-	return p.coolKeeps && p.failStreak < 2 && p.present && p.avail && p.exclEpoch != f.exclEpoch && p.down == 0
 }
 
 // lenientPick returns f's choice; when f finds nothing, it asks again with

@@ -473,7 +473,7 @@ func (r *Router) decide(req Request, h, parent uint64, now int64, queue bool) (D
 		d, err := r.replace(e, bound, now, ReasonColdReplaced)
 		return d, nil, err
 	}
-	if !r.keeps(bound) || r.b.ents[e].flags&flagReplace != 0 {
+	if !r.usable(bound) || r.b.ents[e].flags&flagReplace != 0 {
 		// removed, unavailable, excluded, out for a failure, or out since
 		// this conversation's last turn: placed anew by load
 		d, err := r.replace(e, bound, now, ReasonReplaced)

@@ -81,8 +81,10 @@ type slot struct {
 	// gen is the replica's poll generation when the hold began
 	gen uint32
 	// mark is the replica's backlog total when the turn was routed
-	// (replica.doneBefore)
-	mark float64
+	// (replica.doneBefore); counted: the turn's own prefill is in it
+	// (Router.expect)
+	mark    float64
+	counted bool
 }
 
 const slotChunk = 64

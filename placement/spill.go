@@ -35,7 +35,10 @@ type cost struct {
 	expected, measured float64
 	checked            uint64
 	added              float64 // tokens ever counted in backlog
-	at                 int64   // Router.clock of backlog
+	// counted: a prefill was added to backlog for the turn being routed
+	// (the next takeSlot claims it)
+	counted bool
+	at      int64 // Router.clock of backlog
 }
 
 // SpillCost is one spill decision with its estimates: the conversation's
@@ -93,6 +96,7 @@ func (p *replica) addBacklog(tokens int64, now int64) {
 	p.cost.backlog = p.backlog(now) + float64(tokens)
 	p.cost.at = now
 	p.cost.added += float64(tokens)
+	p.cost.counted = true
 }
 
 // doneBefore bounds p's backlog at now by a turn that ended there: the
@@ -144,38 +148,22 @@ func (r *Router) wait(p *replica, now int64) float64 {
 
 // expect returns the expected time to first token of the turn of d, of
 // tokens tokens (the request's estimate), on the replica d chose, at now.
-// A turn placed, moved or re-placed there counted the tokens it computes
-// in that replica's backlog already (addBacklog), so its wait holds them;
-// a turn that stays on its replica computes what its last turn left
-// uncached, and any other turn all but the replica's system prompt. r.mu
-// held.
+// A turn whose prefill was counted in that replica's backlog when it was
+// routed (placed, moved, re-placed: slot.counted) finds it in its wait;
+// any other computes what it finds uncached: beyond its conversation's
+// last prompt where it stayed (a restart or a new binding has none), else
+// beyond the replica's system prompt. r.mu held.
 func (r *Router) expect(d Decision, tokens int, now int64) time.Duration {
-	p := d.s.rep
-	secs := r.wait(p, now)
-	switch d.Reason {
-	case ReasonPlaced, ReasonSpilled, ReasonReplaced, ReasonColdReplaced, ReasonRestarted:
-		// in the backlog (a turn re-placed on its own replica only
-		// when its cache there is gone: it counted nothing, and keeps
-		// what the replica holds)
-		if d.Reason == ReasonReplaced && d.Previous == "" {
-			secs += float64(r.uncached(d, tokens)) / p.prefillRate()
+	s := d.s
+	secs := r.wait(s.rep, now)
+	if !s.counted {
+		cached := int64(s.rep.base)
+		if s.ent != nilIdx && d.Previous == "" {
+			cached = max(cached, int64(r.b.ents[s.ent].prompt))
 		}
-	default:
-		secs += float64(r.uncached(d, tokens)) / p.prefillRate()
+		secs += float64(max(0, int64(tokens)-cached)) / s.rep.prefillRate()
 	}
 	return time.Duration(secs * 1e9)
-}
-
-// uncached returns the tokens of a turn of d, of tokens tokens, expected
-// not to be cached on d's replica: beyond its conversation's last prompt
-// where it stayed there, else beyond the replica's system prompt. r.mu
-// held.
-func (r *Router) uncached(d Decision, tokens int) int64 {
-	cached := int64(d.s.rep.base)
-	if e := d.s.ent; e != nilIdx && d.Previous == "" && d.Reason != ReasonPlaced {
-		cached = max(cached, int64(r.b.ents[e].prompt))
-	}
-	return max(0, int64(tokens)-cached)
 }
 
 // recompute returns the tokens the conversation of entry e would compute

@@ -317,6 +317,20 @@ func TestExpect(t *testing.T) {
 			want: time.Second, why: ReasonSticky,
 		},
 		{
+			// the start recurs after a compaction: the conversation goes
+			// on from the new start on its replica, none of it cached
+			name: "a conversation restarted on its replica: its whole new prompt",
+			setup: func(t *testing.T, r *Router) {
+				for _, start := range []uint64{0xa, 0xa, 0xc} {
+					d, _ := r.Route(Request{Key: "k", Start: start, Tokens: 10000, Now: t0})
+					d.Release()
+					r.Feedback(Turn{Key: "k", Replica: d.Replica, Reason: d.Reason, Prompt: 10000})
+				}
+			},
+			req: Request{Key: "k", Start: 0xc, Tokens: 4000}, at: 10 * time.Second,
+			want: 2 * time.Second, why: ReasonRestarted,
+		},
+		{
 			// 3 running, 6 waiting: 7 turns of 10 s ahead in batches
 			// of 3
 			name: "a returning turn behind the engine's queue",

@@ -745,8 +745,10 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 			// a turn over the threshold: the estimates that decided it
 			route += "; " + placement.SpillCost{Stay: dec.Stay, Move: dec.Move}.String()
 		}
-		w.Header()[routeHeaderKey] = []string{route}
-		w.Header()[expectHeaderKey] = []string{strconv.FormatFloat(dec.Expect.Seconds(), 'f', 3, 64)}
+		// the two headers' values share one allocation
+		vals := []string{route, strconv.FormatFloat(dec.Expect.Seconds(), 'f', 3, 64)}
+		w.Header()[routeHeaderKey] = vals[0:1:1]
+		w.Header()[expectHeaderKey] = vals[1:2:2]
 		if held != nil {
 			w.Header().Set(WaitHeader, strconv.FormatFloat(held.waited.Seconds(), 'f', 3, 64))
 		}

@@ -114,10 +114,11 @@ func (p *replica) doneBefore(mark float64, now int64) {
 // engine's batch: none while the engine runs fewer than it can; beyond
 // that, one turn time per batch of turns ahead of it. An engine with
 // requests waiting runs what its KV cache allows, which may be fewer than
-// max_num_seqs: what it runs then is its batch.
-func (r *Router) slotWait(p *replica) float64 {
+// max_num_seqs: what it runs then is its batch. held is 1 for a turn
+// already counted in p's in-flight turns (routed there), else 0.
+func (r *Router) slotWait(p *replica, held int) float64 {
 	seqs := r.cfg.MaxNumSeqs
-	load := int(p.inflight.Load())
+	load := int(p.inflight.Load()) - held
 	if p.load.Reachable {
 		polled := p.load.Running
 		if p.waitingKnown() {
@@ -141,9 +142,9 @@ func (r *Router) slotWait(p *replica) float64 {
 
 // wait estimates, in seconds, how long a turn routed to p at now waits
 // before its own prefill starts: its place in the batch, then the long
-// prefills ahead of it.
-func (r *Router) wait(p *replica, now int64) float64 {
-	return r.slotWait(p) + p.backlog(now)/p.prefillRate()
+// prefills ahead of it; held as for slotWait.
+func (r *Router) wait(p *replica, now int64, held int) float64 {
+	return r.slotWait(p, held) + p.backlog(now)/p.prefillRate()
 }
 
 // expect returns the expected time to first token of the turn of d, of
@@ -155,7 +156,7 @@ func (r *Router) wait(p *replica, now int64) float64 {
 // beyond the replica's system prompt. r.mu held.
 func (r *Router) expect(d Decision, tokens int, now int64) time.Duration {
 	s := d.s
-	secs := r.wait(s.rep, now)
+	secs := r.wait(s.rep, now, 1) // its own slot is taken
 	if !s.counted {
 		cached := int64(s.rep.base)
 		if s.ent != nilIdx && d.Previous == "" {
@@ -186,8 +187,8 @@ func (r *Router) recompute(e int32, q *replica, tokens int) int64 {
 // for Snapshot and returns the estimate.
 func (r *Router) pays(e int32, from, q *replica, tokens int, now int64) (SpillCost, bool) {
 	ctx := r.recompute(e, q, tokens)
-	stay := r.wait(from, now)
-	move := r.wait(q, now) + float64(ctx)/q.prefillRate()
+	stay := r.wait(from, now, 0)
+	move := r.wait(q, now, 0) + float64(ctx)/q.prefillRate()
 	c := SpillCost{
 		At: time.Unix(0, now), From: from.id, To: q.id, Context: int(ctx),
 		Stay: time.Duration(stay * 1e9), Move: time.Duration(move * 1e9),

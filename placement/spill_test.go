@@ -317,6 +317,19 @@ func TestExpect(t *testing.T) {
 			want: time.Second, why: ReasonSticky,
 		},
 		{
+			// two turns in flight fill a batch of two: the new one
+			// waits one turn time for one of them (10 s ÷ 2 places),
+			// then its own 1 s prefill; it is not counted ahead of
+			// itself
+			name: "a new conversation behind a full batch",
+			cfg:  Config{MaxNumSeqs: 2},
+			setup: func(t *testing.T, r *Router) {
+				hold(t, r, "r0", 2)
+			},
+			req:  Request{Key: "new", Tokens: 2000},
+			want: 6 * time.Second, why: ReasonPlaced,
+		},
+		{
 			// the start recurs after a compaction: the conversation goes
 			// on from the new start on its replica, none of it cached
 			name: "a conversation restarted on its replica: its whole new prompt",

@@ -84,7 +84,7 @@ var deprecatedOptions = map[string]deprecatedOption{
 	"admit_high_water": option(func(p *Policy) *float64 { return &p.AdmitHighWater }, parsePositiveFloat,
 		"new conversations may fill a replica's whole KV capacity (kv_tokens sets the capacity)"),
 	"admit_window": option(func(p *Policy) *caddy.Duration { return &p.AdmitWindow }, parseDuration,
-		"a quiet conversation counts in its replica's working set for twice its measured pauses, at most a minute"),
+		"a quiet conversation counts in its replica's working set for twice its measured pauses, at most 10 minutes (the window in which it counts as active)"),
 	"admit_wait": option(func(p *Policy) *caddy.Duration { return &p.AdmitWait }, parseDuration,
 		"a new conversation waits for room at most 5 minutes, then goes to the best replica"),
 	"rotate_turns": option(func(p *Policy) *int { return &p.RotateTurns }, orWord("off", -1),

@@ -30,10 +30,14 @@ const (
 	// 10 for the span decided nothing differently.
 	meanWeight = 0.1
 	meanSpan   = int(1 / meanWeight)
-	// HitsLow: below this hit rate of its returning turns (hits falling) a
-	// replica confirms that it evicts its conversations' caches
-	// (AdmissionSnapshot.Strained).
-	HitsLow = 0.75
+	// HitsLow is the share of its predicted cached prefix under which a
+	// returning turn says its replica lost the conversation's cache
+	// (lifecycle.go), and under which a replica's hit rate over its
+	// returning turns says it evicts its conversations' caches (losing,
+	// AdmissionSnapshot.Strained): one figure for one question. At 0.75
+	// for the replica's rate, beside 0.5 for the turn, every shape of the
+	// simulation decided within the seeds' spread of what it decides now.
+	HitsLow = 0.5
 	// busyPolls is the span, in polls, of a replica's busy share (an
 	// exponential mean); idleBusy the share under which a moment without a
 	// turn in flight counts as the replica idling rather than its

@@ -607,7 +607,7 @@ func TestFullFollowsWorkingSet(t *testing.T) {
 		t.Fatalf("working set %d of %d: not full, want full", row.WorkingSet, row.Capacity)
 	}
 	// both have gone quiet: nothing is placed, the card is read
-	r.Sweep(t0.Add(2 * time.Minute))
+	r.Sweep(t0.Add(DefaultAdmitWindow + time.Minute))
 	if row := replicaRow(t, r, "r0"); row.Full || row.WorkingSet >= 9000 {
 		t.Fatalf("working set %d of %d, full %v; want below the low-water mark and not full", row.WorkingSet, row.Capacity, row.Full)
 	}

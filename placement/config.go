@@ -23,8 +23,12 @@ const (
 	// Working-set admission (see the package doc, "Admission"), chosen
 	// from a sweep of the simulation: docs/admission.md in the repository
 	// has the table.
-	DefaultHighWater   = 1.0
-	DefaultAdmitWindow = time.Minute
+	DefaultHighWater = 1.0
+	// DefaultAdmitWindow is the active window: a conversation quiet for
+	// longer is counted neither as active nor in its replica's working
+	// set. At a minute, every shape of the simulation decided within the
+	// seeds' spread of what it decides at 10.
+	DefaultAdmitWindow = DefaultActiveWindow
 	DefaultAdmitWait   = 5 * time.Minute
 	DefaultAdmitQueue  = 1024
 )

@@ -148,7 +148,8 @@ func TestDemoDefaultCaddyfile(t *testing.T) {
 	}
 	// polled every 100 ms, a replica is out after 3 s of failed polls,
 	// as a deployment's defaults (3 at 1 s) have it, not after 300 ms
-	for _, want := range []string{"lb_policy lm_warden", "data_parallel_size 4", "admit_window 6s", "fail_after 30"} {
+	// admission's window of 10 minutes is engine time: a minute at 10x
+	for _, want := range []string{"lb_policy lm_warden", "data_parallel_size 4", "admit_window 1m0s", "fail_after 30"} {
 		if !strings.Contains(def, want) {
 			t.Errorf("the default mode's Caddyfile lacks %q:\n%s", want, def)
 		}

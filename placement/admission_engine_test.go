@@ -248,3 +248,37 @@ func TestOvercommittedNeedsTheEngine(t *testing.T) {
 		}
 	}
 }
+
+// TestHitsLowIsOneShare: one share of the predicted cache says it was lost,
+// for a returning turn (Feedback's cold) and for a replica's mean over its
+// returning turns (strained): turns finding 60 % of theirs are neither,
+// turns finding 40 % are both, once meanSpan of them were measured.
+func TestHitsLowIsOneShare(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		cached int // of a predicted 7,984 (8,000 less a block)
+		want   bool
+	}{
+		{"60 % found", 4790, false},
+		{"40 % found", 3194, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := admitRouter(1, 20000, Config{})
+			d, _ := admitTurn(t, r, "a", 8000, t0)
+			finishTurn(r, "a", d, t0.Add(time.Second), 8000, 0, 100)
+			for i := 0; i < meanSpan; i++ {
+				now := t0.Add(time.Duration(2+i) * time.Second)
+				d, _ = admitTurn(t, r, "a", 8000, now)
+				d.ReleaseAt(now)
+				predicted, cold := r.Feedback(Turn{Key: "a", Replica: d.Replica, Reason: d.Reason, Prompt: 8000, Cached: tc.cached, Completion: 100})
+				if predicted != 8000-DefaultBlockTokens || cold != tc.want {
+					t.Fatalf("turn %d: predicted %d, cold %v; want %d, %v", i, predicted, cold, 8000-DefaultBlockTokens, tc.want)
+				}
+			}
+			if got := r.Snapshot().Admission.Strained; got != tc.want {
+				t.Errorf("strained %v after %d turns finding %d of 7,984 cached (hits %.2f); want %v", got, meanSpan, tc.cached, r.Snapshot().Replicas[0].Hits, tc.want)
+			}
+		})
+	}
+}

@@ -391,7 +391,14 @@ func (p *replica) sampleBusy() {
 	if p.busyN < busyPolls {
 		p.busyN++
 	}
-	p.busy += (b - p.busy) / float64(p.busyN)
+	runningMean(&p.busy, b, uint64(p.busyN), busyPolls)
+}
+
+// runningMean moves the mean m to x, the nth observation (n ≥ 1): the
+// plain mean of the first span observations, then an exponential mean over
+// about the last span.
+func runningMean(m *float64, x float64, n uint64, span int) {
+	*m += (x - *m) / float64(min(n, uint64(span)))
 }
 
 // oversize reports whether a new conversation of est tokens fits no

@@ -228,9 +228,8 @@ func (p *replica) learn(t Turn) {
 	}
 	if t.Expect > 0 && t.FirstToken > 0 {
 		c.checked++
-		w := max(meanWeight, 1/float64(c.checked)) // the plain mean until meanSpan turns
-		c.expected += (t.Expect.Seconds() - c.expected) * w
-		c.measured += (t.FirstToken.Seconds() - c.measured) * w
+		runningMean(&c.expected, t.Expect.Seconds(), c.checked, meanSpan)
+		runningMean(&c.measured, t.FirstToken.Seconds(), c.checked, meanSpan)
 	}
 	if t.Duration > 0 {
 		// the place it held in the batch: its decode, and its prefill at

@@ -73,6 +73,17 @@ type TurnResult struct {
 	Expect time.Duration
 }
 
+// headerSeconds returns the seconds header name gives (LM Warden's wait and
+// expect headers, e.g. "0.420") as a duration; 0 when it is absent, does not
+// parse, or is negative or implausibly large.
+func headerSeconds(h http.Header, name string) time.Duration {
+	secs, err := strconv.ParseFloat(h.Get(name), 64)
+	if err != nil || secs < 0 || secs >= 1e6 {
+		return 0
+	}
+	return time.Duration(secs * float64(time.Second))
+}
+
 // Target returns the base URL turn t of sess is sent to: BaseURL, or one
 // of Targets in turn.
 func (c *Client) Target(sess *Session, t int) string {
@@ -129,16 +140,8 @@ func (c *Client) Send(ctx context.Context, sess *Session, t int) (TurnResult, er
 	}
 	defer resp.Body.Close()
 	res.Route = resp.Header.Get(RouteHeader)
-	if v := resp.Header.Get(ExpectHeader); v != "" {
-		if secs, err := strconv.ParseFloat(v, 64); err == nil && secs >= 0 && secs < 1e6 {
-			res.Expect = time.Duration(secs * float64(time.Second))
-		}
-	}
-	if v := resp.Header.Get(WaitHeader); v != "" {
-		if secs, err := strconv.ParseFloat(v, 64); err == nil && secs > 0 && secs < 1e6 {
-			res.Waited = time.Duration(secs * float64(time.Second))
-		}
-	}
+	res.Expect = headerSeconds(resp.Header, ExpectHeader)
+	res.Waited = headerSeconds(resp.Header, WaitHeader)
 	res.Replica = resp.Header.Get(EngineHeader)
 	if res.Replica == "" && res.Route != "" {
 		res.Replica = strings.TrimSpace(strings.SplitN(res.Route, ";", 2)[0])

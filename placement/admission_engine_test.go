@@ -249,19 +249,22 @@ func TestOvercommittedNeedsTheEngine(t *testing.T) {
 	}
 }
 
-// TestHitsLowIsOneShare: one share of the predicted cache says it was lost,
-// for a returning turn (Feedback's cold) and for a replica's mean over its
-// returning turns (strained): turns finding 60 % of theirs are neither,
-// turns finding 40 % are both, once meanSpan of them were measured.
-func TestHitsLowIsOneShare(t *testing.T) {
+// TestLostCacheThresholds: a returning turn is judged to have lost its
+// cache (Feedback's cold) under half of its predicted cache, its replica
+// to evict its conversations' caches (strained) once the mean over
+// meanSpan returning turns is under HitsLow: turns finding 80 % are
+// neither, 60 % make the replica strained though no turn is lost, 40 %
+// are both.
+func TestLostCacheThresholds(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
-		name   string
-		cached int // of a predicted 7,984 (8,000 less a block)
-		want   bool
+		name               string
+		cached             int // of a predicted 7,984 (8,000 less a block)
+		cold, wantStrained bool
 	}{
-		{"60 % found", 4790, false},
-		{"40 % found", 3194, true},
+		{"80 % found", 6387, false, false},
+		{"60 % found", 4790, false, true},
+		{"40 % found", 3194, true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := admitRouter(1, 20000, Config{})
@@ -272,12 +275,12 @@ func TestHitsLowIsOneShare(t *testing.T) {
 				d, _ = admitTurn(t, r, "a", 8000, now)
 				d.ReleaseAt(now)
 				predicted, cold := r.Feedback(Turn{Key: "a", Replica: d.Replica, Reason: d.Reason, Prompt: 8000, Cached: tc.cached, Completion: 100})
-				if predicted != 8000-DefaultBlockTokens || cold != tc.want {
-					t.Fatalf("turn %d: predicted %d, cold %v; want %d, %v", i, predicted, cold, 8000-DefaultBlockTokens, tc.want)
+				if predicted != 8000-DefaultBlockTokens || cold != tc.cold {
+					t.Fatalf("turn %d: predicted %d, cold %v; want %d, %v", i, predicted, cold, 8000-DefaultBlockTokens, tc.cold)
 				}
 			}
-			if got := r.Snapshot().Admission.Strained; got != tc.want {
-				t.Errorf("strained %v after %d turns finding %d of 7,984 cached (hits %.2f); want %v", got, meanSpan, tc.cached, r.Snapshot().Replicas[0].Hits, tc.want)
+			if got := r.Snapshot().Admission.Strained; got != tc.wantStrained {
+				t.Errorf("strained %v after %d turns finding %d of 7,984 cached (hits %.2f); want %v", got, meanSpan, tc.cached, r.Snapshot().Replicas[0].Hits, tc.wantStrained)
 			}
 		})
 	}

@@ -77,7 +77,7 @@ func (r *Router) Feedback(t Turn) (predicted int, cold bool) {
 		p.predicted += uint64(predicted)
 		p.delivered += uint64(got)
 		p.hit(float64(got) / float64(predicted))
-		cold = float64(t.Cached) < HitsLow*float64(predicted)
+		cold = t.Cached < predicted/2
 	}
 	en.prompt = uint32(min(t.Prompt, 1<<32-1))
 	// The conversation's context as the engine counted it; on its first

@@ -111,6 +111,22 @@ type responder struct {
 	buf     []byte
 	seq     int             // the next Responses API event's sequence number
 	text    strings.Builder // the Responses API's output so far
+	// late: a stream's headers wait for its first token, as an engine that
+	// may refuse a request when it starts answers the refusal instead
+	// (PerRequestTiming.Refuse)
+	late bool
+}
+
+// fail answers a request that ended before its response began: a 500,
+// with the refusal's message when the engine refused it; nothing when the
+// client went away.
+func (o *responder) fail(err error) {
+	switch err {
+	case errRefused:
+		writeError(o.w, o.g.kind == apiMessages, http.StatusInternalServerError, err.Error())
+	case errStreamFailed:
+		writeError(o.w, o.g.kind == apiMessages, http.StatusInternalServerError, "engine stopped")
+	}
 }
 
 func strp(s string) *string { return &s }
@@ -136,9 +152,7 @@ func (o *responder) serve(ctx context.Context, st *stream) bool {
 		for {
 			t, c, finished, err := wait(ctx, st, len(toks))
 			if err != nil {
-				if err == errStreamFailed {
-					writeError(o.w, o.g.kind == apiMessages, http.StatusInternalServerError, "engine stopped")
-				}
+				o.fail(err)
 				return false
 			}
 			toks, cached = t, c
@@ -149,6 +163,18 @@ func (o *responder) serve(ctx context.Context, st *stream) bool {
 		o.writeJSONResponse(toks, cached)
 		return true
 	}
+	// primed: the first tokens are in hand already (late)
+	var toks []uint32
+	var cached int
+	var finished, primed bool
+	if o.late {
+		var err error
+		if toks, cached, finished, err = wait(ctx, st, 0); err != nil {
+			o.fail(err)
+			return false
+		}
+		primed = true
+	}
 	h := o.w.Header()
 	h.Set("Content-Type", "text/event-stream; charset=utf-8")
 	h.Set("Cache-Control", "no-cache")
@@ -157,10 +183,13 @@ func (o *responder) serve(ctx context.Context, st *stream) bool {
 	rc.Flush()
 	sent := 0
 	for {
-		toks, cached, finished, err := wait(ctx, st, sent)
-		if err != nil {
-			return false
+		if !primed {
+			var err error
+			if toks, cached, finished, err = wait(ctx, st, sent); err != nil {
+				return false
+			}
 		}
+		primed = false
 		o.buf = o.buf[:0]
 		for i := sent; i < len(toks); i++ {
 			last := finished && i == len(toks)-1

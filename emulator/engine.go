@@ -60,6 +60,10 @@ const (
 	EventFinished
 	// EventPreempted: the request lost its KV blocks and waits to be recomputed.
 	EventPreempted
+	// EventRefused: the request's blocks did not fit beside those of the
+	// running requests and it left the engine without a token
+	// (PerRequestTiming.Refuse).
+	EventRefused
 )
 
 func (k EventKind) String() string {
@@ -70,6 +74,8 @@ func (k EventKind) String() string {
 		return "finished"
 	case EventPreempted:
 		return "preempted"
+	case EventRefused:
+		return "refused"
 	}
 	return fmt.Sprintf("EventKind(%d)", uint8(k))
 }

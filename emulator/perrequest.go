@@ -24,11 +24,9 @@ import (
 //     pkg/kv-cache/block_cache.go); every full block of the prompt found in
 //     the cache counts as cached, the last one included.
 //
-// One difference is kept on purpose: the simulator refuses a request whose
-// blocks do not fit (an error to the client, "the kv cache does not have
-// sufficient capacity to store this request"), where this engine, like
-// vLLM, keeps it waiting at the head of the queue until running requests
-// free enough blocks.
+// A request whose blocks do not fit beside those of the running requests
+// waits at the head of the queue until they free enough, as in vLLM;
+// with Refuse it is refused, as in the simulator.
 type PerRequestTiming struct {
 	PrefillOverhead   time.Duration // --prefill-overhead
 	PrefillPerToken   time.Duration // --prefill-time-per-token
@@ -38,6 +36,14 @@ type PerRequestTiming struct {
 	// max_tokens without ignore_eos (OutputLength). Off, every request
 	// generates MaxTokens tokens.
 	OutputHistogram bool
+	// Refuse: a request whose blocks do not fit when it would start is
+	// refused (EventRefused), as the simulator answers it with an error
+	// (blockCache.startRequest's "the kv cache does not have sufficient
+	// capacity to store this request", a 500 from
+	// kvCacheOnRequestStart in pkg/llm-d-inference-sim/request.go); the
+	// requests behind it start if theirs fit, as the simulator's other
+	// workers go on. Off, it waits as in vLLM.
+	Refuse bool
 	// Tick bounds a step (default 1 ms), so a request that arrives while
 	// the engine is in a step starts within a tick, as a free worker of
 	// the simulator picks it up at once.
@@ -120,7 +126,14 @@ func (e *Engine) stepPerRequest() (time.Duration, []Event) {
 		full := len(r.Prompt) / bs
 		e.hits = e.pool.lookup(e.hits[:0], r.hashes[:full])
 		if e.pool.nfree-e.pool.evictable(e.hits) < full-len(e.hits) {
-			break // the simulator refuses here; vLLM and this engine wait
+			if !p.Refuse {
+				break // vLLM waits for running requests to free blocks
+			}
+			e.waiting[0] = nil
+			e.waiting = e.waiting[1:]
+			r.waiting, r.Done = false, true
+			e.events = append(e.events, Event{Req: r, Kind: EventRefused, At: e.now})
+			continue
 		}
 		e.pool.touch(e.hits)
 		r.blocks = append(r.blocks[:0], e.hits...)

@@ -136,6 +136,44 @@ func TestPerRequestWaitsWhereTheSimulatorRefuses(t *testing.T) {
 	}
 }
 
+// TestPerRequestRefuses is TestPerRequestWaitsWhereTheSimulatorRefuses
+// with Refuse, as llm-d-inference-sim runs: the request whose blocks do
+// not fit beside the running one's leaves the engine without a token
+// (EventRefused), and the small one behind it starts at once.
+func TestPerRequestRefuses(t *testing.T) {
+	cfg := perRequestConfig(100, 8)
+	cfg.PerRequest.Refuse = true
+	e := NewEngine(cfg)
+	big := &EngineRequest{ID: "big", Prompt: tokens(80*16, 1), MaxTokens: 3}
+	next := &EngineRequest{ID: "next", Prompt: tokens(40*16, 2), MaxTokens: 3}
+	small := &EngineRequest{ID: "small", Prompt: tokens(16, 3), MaxTokens: 3}
+	for _, r := range []*EngineRequest{big, next, small} {
+		if err := e.Add(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, evs := e.Step()
+	var refused []string
+	for _, ev := range evs {
+		if ev.Kind == EventRefused {
+			refused = append(refused, ev.Req.ID)
+		}
+	}
+	if !slices.Equal(refused, []string{"next"}) || !next.Done || len(next.Output) != 0 {
+		t.Fatalf("refused %v (next done %v, %d tokens), want [next], done, none", refused, next.Done, len(next.Output))
+	}
+	if e.Running() != 2 || e.Waiting() != 0 || small.Scheduled != big.Scheduled {
+		t.Fatalf("running %d, waiting %d, small started at %v; want 2, 0 and at once (%v)", e.Running(), e.Waiting(), small.Scheduled, big.Scheduled)
+	}
+	runAll(t, e)
+	if len(big.Output) != 3 || len(small.Output) != 3 {
+		t.Errorf("big %d tokens, small %d; want 3 each", len(big.Output), len(small.Output))
+	}
+	if st := e.Stats(); st.PrefixQueries != 80*16+16 {
+		t.Errorf("prefix queries %d: the refused request must not count", st.PrefixQueries)
+	}
+}
+
 // TestOutputLengthFollowsTheSimulatorsHistogram checks the ranges and
 // shares of llm-d-inference-sim's response-length histogram.
 func TestOutputLengthFollowsTheSimulatorsHistogram(t *testing.T) {

@@ -41,6 +41,7 @@ type stream struct {
 	cached   int
 	finished bool
 	failed   bool
+	refused  bool // failed: the engine refused it (EventRefused)
 	notify   chan struct{}
 }
 
@@ -54,10 +55,10 @@ func (s *stream) signal() {
 }
 
 // snapshot returns the tokens so far and the state.
-func (s *stream) snapshot() (toks []uint32, cached int, finished, failed bool) {
+func (s *stream) snapshot() (toks []uint32, cached int, finished, failed, refused bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.toks, s.cached, s.finished, s.failed
+	return s.toks, s.cached, s.finished, s.failed, s.refused
 }
 
 func newRunner(index int, label string, cfg EngineConfig, speed float64) *runner {
@@ -152,6 +153,7 @@ func (r *runner) loop(wake, quit, done chan struct{}) {
 				}
 			case EventFinished:
 				r.e2e.observe((ev.Req.Finished - ev.Req.Arrival).Seconds())
+			case EventRefused:
 			default:
 				continue
 			}
@@ -177,6 +179,8 @@ func (r *runner) loop(wake, quit, done chan struct{}) {
 				d.st.cached = d.cached
 			case EventFinished:
 				d.st.finished = true
+			case EventRefused:
+				d.st.failed, d.st.refused = true, true
 			}
 			d.st.mu.Unlock()
 			d.st.signal()

@@ -719,7 +719,7 @@ func (rep *replica) generate(w http.ResponseWriter, r *http.Request, path string
 		return
 	}
 	run.kick()
-	out := &responder{w: w, g: g, id: req.ID, prompt: len(prompt), created: time.Now().Unix()}
+	out := &responder{w: w, g: g, id: req.ID, prompt: len(prompt), created: time.Now().Unix(), late: run.eng.Config().PerRequest.Refuse}
 	ok := out.serve(r.Context(), st)
 	if !ok {
 		run.mu.Lock()
@@ -737,11 +737,18 @@ func (s *Server) newID() string {
 // errStreamFailed: the replica stopped under a request.
 var errStreamFailed = errors.New("emulator: replica stopped")
 
+// errRefused: the engine refused the request (PerRequestTiming.Refuse),
+// with the message llm-d-inference-sim answers then.
+var errRefused = errors.New("the kv cache does not have sufficient capacity to store this request")
+
 // wait blocks until the stream has more than have tokens or ends.
 func wait(ctx context.Context, st *stream, have int) (toks []uint32, cached int, finished bool, err error) {
 	for {
-		toks, cached, finished, failed := st.snapshot()
-		if failed {
+		toks, cached, finished, failed, refused := st.snapshot()
+		switch {
+		case refused:
+			return toks, cached, finished, errRefused
+		case failed:
 			return toks, cached, finished, errStreamFailed
 		}
 		if len(toks) > have || finished {

@@ -686,6 +686,42 @@ func TestStopFailsOpenRequests(t *testing.T) {
 	}
 }
 
+// TestRefusedRequestAnswers500 runs an engine that refuses as
+// llm-d-inference-sim does: while a long answer's prompt holds 365 of its
+// 380 blocks, a request needing 27 more is answered 500 with the
+// simulator's message, streamed or not (a stream's headers wait for its
+// first token, so the refusal comes before them), and a small request
+// still gets its answer.
+func TestRefusedRequestAnswers500(t *testing.T) {
+	cfg := perRequestConfig(380, 8)
+	cfg.PerRequest.Refuse = true
+	cfg.PerRequest.InterTokenLatency = 250 * time.Millisecond
+	s := startServer(t, ServerConfig{Speed: 1, Engine: cfg})
+	url := s.URLs()[0] + "/v1/chat/completions"
+	// the long answer: 5,848 prompt tokens, 100 output tokens at 250 ms (25 s)
+	long := post(t, url, chatBody(strings.Repeat("alpha beta ", 2900), 100, true))
+	if long.StatusCode != 200 {
+		b, _ := io.ReadAll(long.Body)
+		t.Fatalf("first request: status %d: %s", long.StatusCode, b)
+	}
+	if _, err := bufio.NewReader(long.Body).ReadString('\n'); err != nil {
+		t.Fatalf("first request's stream: %v", err)
+	}
+	for _, stream := range []bool{false, true} {
+		resp := post(t, url, chatBody(strings.Repeat("gamma delta ", 200), 5, stream))
+		body, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 500 || !strings.Contains(string(body), "the kv cache does not have sufficient capacity to store this request") {
+			t.Errorf("stream %v: status %d, body %s; want 500 and the capacity error", stream, resp.StatusCode, body)
+		}
+	}
+	resp := post(t, url, chatBody("hi", 5, true))
+	events := readSSE(t, resp.Body)
+	if resp.StatusCode != 200 || len(events) == 0 || events[len(events)-1].data != "[DONE]" {
+		t.Errorf("small request: status %d, %d events", resp.StatusCode, len(events))
+	}
+	long.Body.Close() // the client goes: the engine aborts the long answer
+}
+
 func TestPyFloat(t *testing.T) {
 	for in, want := range map[float64]string{12: "12.0", 0.4137: "0.4137", 1845120: "1.84512e+06", 1.7544e9: "1.7544e+09", 0: "0.0", 2560: "2560.0"} {
 		if got := pyFloat(in); got != want {

@@ -170,7 +170,8 @@ const (
 // LLMDSimEngineConfig is one replica of llm-d-inference-sim as the recipe
 // of docs/other-engines.md starts it: the emulator's per-request mode
 // (emulator.PerRequestTiming), which follows the simulator's latency
-// calculator, worker pool and block cache, with its flags. Nothing is
+// calculator, worker pool and block cache, refusing a request whose blocks
+// do not fit as the simulator does, with its flags. Nothing is
 // fitted: every figure is a flag of that run or a constant of the
 // simulator's source (the output-length histogram of its dataset, used
 // because the bench sends max_tokens without ignore_eos).
@@ -186,6 +187,7 @@ func LLMDSimEngineConfig() emulator.EngineConfig {
 			PrefillPerToken:   LLMDSimPrefillPerToken,
 			InterTokenLatency: LLMDSimInterToken,
 			OutputHistogram:   true,
+			Refuse:            true,
 		},
 	}
 }

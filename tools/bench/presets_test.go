@@ -29,16 +29,30 @@ var llmdRecorded = []struct {
 
 const llmdDefaultOverOff = 0.935
 
+// At 24 sessions the simulator refused turns of off and affinity alone
+// (its KV cache full beside the running requests): 2,035 of 3,660 and
+// 2,010 of 3,648 in the ninth run, at 72.7 and 72.1 % hits.
+var llmdRefused = []struct {
+	mode          string
+	refused, hits float64
+}{
+	{ModeOff, 2035.0 / 3660, 72.7},
+	{ModeOn, 2010.0 / 3648, 72.1},
+}
+
 // TestSimLLMDSimMatchesTheRecordedRun runs the llmd-sim preset at 8 and 16
 // sessions, where that run refused no turn of off: off and on within 20 %
 // of the recorded output and 5 points of its hits, and the default's
 // output at 16 sessions under off's, within 0.15 of the recorded
-// 0.935×. At 24 sessions the simulator refuses what this engine
-// queues, so there is nothing to compare.
+// 0.935×. At 24 sessions, where the simulator refuses turns whose
+// blocks do not fit, off and on with the share of their turns refused
+// within 10 points of the recorded run's. Their hits there are logged,
+// not checked: they run 4–6 points over the recorded ones, for a reason
+// not found.
 func TestSimLLMDSimMatchesTheRecordedRun(t *testing.T) {
 	sweep(t)
 	cfg := LLMDSimConfig()
-	cfg.Stages = []int{8, 16}
+	cfg.Stages = []int{8, 16, 24}
 	rep, err := Sim(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -55,6 +69,18 @@ func TestSimLLMDSimMatchesTheRecordedRun(t *testing.T) {
 		}
 		if d := st.PrefixHitPct - r.hits; d < -5 || d > 5 {
 			t.Errorf("%d sessions %s: hits %.1f %%, recorded %.1f", r.sessions, r.mode, st.PrefixHitPct, r.hits)
+		}
+	}
+	for _, r := range llmdRefused {
+		st, ok := rep.Find(r.mode, 24)
+		if !ok || st.Requests == 0 {
+			t.Fatalf("no stage %s at 24", r.mode)
+		}
+		share := float64(st.Errors) / float64(st.Requests)
+		t.Logf("24 sessions %-3s: %d of %d turns refused (%.1f %%, recorded %.1f %%), hits %.1f %% (recorded %.1f)",
+			r.mode, st.Errors, st.Requests, 100*share, 100*r.refused, st.PrefixHitPct, r.hits)
+		if d := share - r.refused; d < -0.1 || d > 0.1 {
+			t.Errorf("24 sessions %s: %.1f %% of turns refused, recorded %.1f %%", r.mode, 100*share, 100*r.refused)
 		}
 	}
 	off, _ := rep.Find(ModeOff, 16)

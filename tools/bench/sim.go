@@ -143,6 +143,7 @@ type simTurn struct {
 	req     *emulator.EngineRequest
 	rep     int
 	release func(time.Time)
+	failed  func(time.Time) // the router's Decision.Failed (a no-op for a peer's turn)
 	reason  placement.Reason
 	histLen int // the slot's history before this turn's user message
 	rec     TurnRecord
@@ -580,6 +581,20 @@ func (s *simulator) finishStep(i int) {
 				}
 				s.detailTurn(t)
 			}
+		case emulator.EventRefused:
+			// The engine refused the turn (llm-d-inference-sim's 500 for
+			// a KV cache without room): the Caddy module reports the
+			// failure to the router before it frees the turn's slot, and
+			// the bench's client gives up on the session and starts a new
+			// one 100 ms later (httpRun.client).
+			t.rec.End, t.rec.Err = s.now, true
+			t.failed(simEpoch.Add(s.now))
+			s.done(t)
+			sl := t.slot
+			sl.cur = nil
+			if !s.stopped {
+				sl.sendAt, sl.renew = s.now+100*time.Millisecond, true
+			}
 		case emulator.EventFinished:
 			t.rec.End = s.now
 			t.rec.Output = len(t.req.Output)
@@ -681,7 +696,7 @@ func (s *simulator) send(sl *simSlot) {
 		sl.waiting = &simWait{ticket: tk, sent: s.now, histLen: histLen, prompt: prompt}
 		return
 	}
-	s.dispatch(sl, prompt, histLen, s.now, rep, d.Reason, d.Expect, d.ReleaseAt)
+	s.dispatch(sl, prompt, histLen, s.now, rep, d, d.ReleaseAt)
 }
 
 // sendPeer routes the turn with the peer policy, or holds it there when
@@ -694,7 +709,7 @@ func (s *simulator) sendPeer(sl *simSlot, wt *simWait) {
 	}
 	sl.held = nil
 	release := func(at time.Time) { s.peer.Done(f, at) }
-	s.dispatch(sl, wt.prompt, wt.histLen, wt.sent, f.Replica, 0, 0, release)
+	s.dispatch(sl, wt.prompt, wt.histLen, wt.sent, f.Replica, placement.Decision{}, release)
 	if sl.cur != nil {
 		sl.cur.flight = f
 	}
@@ -728,17 +743,17 @@ func (s *simulator) admitted(slots []*simSlot) {
 		if err != nil {
 			panic(fmt.Sprintf("sim: router has no replica: %v", err))
 		}
-		s.dispatch(sl, wt.prompt, wt.histLen, wt.sent, s.byID[d.Replica], d.Reason, d.Expect, d.ReleaseAt)
+		s.dispatch(sl, wt.prompt, wt.histLen, wt.sent, s.byID[d.Replica], d, d.ReleaseAt)
 	}
 }
 
 // dispatch adds the slot's turn, sent by the client at sent, to engine rep
-// (the router's reason and expected time to first token, 0 from a peer).
-func (s *simulator) dispatch(sl *simSlot, prompt []uint32, histLen int, sent time.Duration, rep int, reason placement.Reason, expect time.Duration, release func(time.Time)) {
+// (d: the router's decision, zero from a peer; release frees its slot).
+func (s *simulator) dispatch(sl *simSlot, prompt []uint32, histLen int, sent time.Duration, rep int, d placement.Decision, release func(time.Time)) {
 	sess := sl.sess
 	turn := sess.Turn()
-	t := &simTurn{slot: sl, rep: rep, release: release, reason: reason, histLen: histLen}
-	t.rec = TurnRecord{Session: sess.Serial, Turn: turn, LastTurn: turn == sess.Turns()-1, Start: sent, Replica: s.engines[rep].id, Expect: expect}
+	t := &simTurn{slot: sl, rep: rep, release: release, failed: d.Failed, reason: d.Reason, histLen: histLen}
+	t.rec = TurnRecord{Session: sess.Serial, Turn: turn, LastTurn: turn == sess.Turns()-1, Start: sent, Replica: s.engines[rep].id, Expect: d.Expect}
 	if sent != s.now {
 		t.rec.Routed = s.now
 	}

@@ -133,6 +133,10 @@ type Figures struct {
 	// completion time (s), over the seeds that measured it (a session
 	// completed in the window); Completed the sessions that did.
 	Output, Hits, LaterP50, LaterP95, FirstP95, CompletionP50, Completed Spread
+	// Failed is the share of the stage's requests that failed (an engine
+	// that refuses turns, as llm-d-inference-sim does when its KV cache
+	// is full).
+	Failed Spread
 	// Requests is the fewest requests a seed's stage served.
 	Requests int
 }
@@ -168,11 +172,19 @@ type MatrixRow struct {
 func (m MatrixRow) Default() Figures { return m.Modes[len(m.Modes)-1] }
 
 // Best returns the other mode with the best mean of the metric (highest
-// output or hits; lowest times, among modes that have the figure).
+// output or hits; lowest times, among modes that have the figure). A mode
+// that failed a larger share of its requests than the default, beyond
+// the seeds' spread, is left out: a refused turn produces nothing and
+// costs almost no time, its session is replaced by a new one, and the
+// stage's figures then describe work that was thrown away, not served.
 func (m MatrixRow) best(x metric) (Figures, bool) {
 	var best Figures
 	found := false
+	def := m.Default()
 	for _, f := range m.Modes[:len(m.Modes)-1] {
+		if f.Failed.Lo > def.Failed.Hi {
+			continue
+		}
 		v := x.get(f).Mean
 		if !x.higher && v <= 0 {
 			continue
@@ -303,7 +315,7 @@ func Matrix(regimes []Regime, o MatrixOptions) ([]MatrixRow, error) {
 			row := MatrixRow{Regime: rg.Name, Hold: rg.Hold, Sessions: n}
 			for _, m := range rmodes {
 				f := Figures{Mode: m, Requests: -1}
-				var out, hits, lp50, lp95, fp95, cp50, done []float64
+				var out, hits, lp50, lp95, fp95, cp50, done, failed []float64
 				pos := func(xs []float64, x float64) []float64 {
 					if x > 0 {
 						return append(xs, x)
@@ -322,12 +334,16 @@ func Matrix(regimes []Regime, o MatrixOptions) ([]MatrixRow, error) {
 					fp95 = pos(fp95, st.TTFBFirstP95S)
 					cp50 = pos(cp50, st.CompletionP50S)
 					done = append(done, float64(st.CompletedCounts))
+					if st.Requests > 0 {
+						failed = append(failed, float64(st.Errors)/float64(st.Requests))
+					}
 					if f.Requests < 0 || st.Requests < f.Requests {
 						f.Requests = st.Requests
 					}
 				}
 				f.Output, f.Hits, f.LaterP50, f.LaterP95 = spreadOf(out), spreadOf(hits), spreadOf(lp50), spreadOf(lp95)
 				f.FirstP95, f.CompletionP50, f.Completed = spreadOf(fp95), spreadOf(cp50), spreadOf(done)
+				f.Failed = spreadOf(failed)
 				row.Modes = append(row.Modes, f)
 			}
 			rows = append(rows, row)
@@ -362,9 +378,15 @@ func WriteScorecard(w io.Writer, rows []MatrixRow) error {
 		case !r.Holds():
 			holds = "no (not expected)"
 		}
-		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s (%s) | %s | %s | %s (%s) | %s |\n", r.Regime, r.Sessions,
-			fmean(def.Output), dpOut, fmean(bo.Output), bo.Mode,
-			fpct(def.Hits), dpHits, fpct(bh.Hits), bh.Mode, holds)
+		bestOut, bestHits := "— (every other mode failed more turns)", "—"
+		if bo.Mode != "" {
+			bestOut = fmt.Sprintf("%s (%s)", fmean(bo.Output), bo.Mode)
+		}
+		if bh.Mode != "" {
+			bestHits = fmt.Sprintf("%s (%s)", fpct(bh.Hits), bh.Mode)
+		}
+		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s | %s | %s | %s |\n", r.Regime, r.Sessions,
+			fmean(def.Output), dpOut, bestOut, fpct(def.Hits), dpHits, bestHits, holds)
 	}
 	var losses strings.Builder
 	for _, r := range rows {

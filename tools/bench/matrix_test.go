@@ -41,3 +41,38 @@ func TestMatrixDefaultHolds(t *testing.T) {
 		t.Errorf("scorecard covers %d regimes, want %d", len(regimes), len(MatrixRegimes()))
 	}
 }
+
+// TestMatrixBestLeavesOutModesThatFailedMore: a mode that failed a larger
+// share of its turns than the default, beyond the seeds' spread, is not
+// the best other mode on any metric (its output came from sessions
+// thrown away); within the spread it is.
+func TestMatrixBestLeavesOutModesThatFailedMore(t *testing.T) {
+	sp := func(lo, hi float64) Spread { return Spread{Mean: (lo + hi) / 2, Lo: lo, Hi: hi} }
+	cases := []struct {
+		name       string
+		refused    Spread // the refusing mode's failed share
+		def        Spread // the default's
+		wantOutput string // the best other mode on output
+	}{
+		{"refused far more", sp(0.55, 0.56), sp(0, 0), "on"},
+		{"both refused alike", sp(0.20, 0.25), sp(0.22, 0.30), "off"},
+		{"none failed", sp(0, 0), sp(0, 0), "off"},
+	}
+	for _, c := range cases {
+		row := MatrixRow{Regime: "r", Sessions: 24, Modes: []Figures{
+			{Mode: "off", Output: sp(180000, 190000), Hits: sp(77, 78), Failed: c.refused},
+			{Mode: "on", Output: sp(150000, 151000), Hits: sp(80, 81)},
+			{Mode: ModeDefault, Output: sp(170000, 175000), Hits: sp(86, 86), Failed: c.def, Requests: 1800},
+		}}
+		if got := row.BestOutput().Mode; got != c.wantOutput {
+			t.Errorf("%s: best output %q, want %q", c.name, got, c.wantOutput)
+		}
+		losses := row.Losses()
+		if c.wantOutput == "on" && len(losses) != 0 {
+			t.Errorf("%s: losses %+v against a mode that failed more", c.name, losses)
+		}
+		if c.wantOutput == "off" && len(losses) == 0 {
+			t.Errorf("%s: no output loss against off's 185k", c.name)
+		}
+	}
+}

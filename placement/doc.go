@@ -33,7 +33,8 @@
 // marks its bindings: their next turn is re-placed (ReasonReplaced) even if
 // the replica is back by then, so it regains conversations by load. When no
 // replica is left but some are out only for CausePoll or CauseProxy, those
-// are used (a setup whose polls can never succeed keeps serving).
+// are used (a setup whose polls can never succeed keeps serving), and a
+// bound conversation's turn goes to its own replica, where its cache is.
 // Load.Reachable only decides whether the polled numbers are trusted. A
 // replica named in Request.Exclude is treated as unavailable for that request.
 //

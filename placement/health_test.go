@@ -258,3 +258,36 @@ func TestAbandonedTurnsTakeAHungReplicaOut(t *testing.T) {
 		})
 	}
 }
+
+// TestEveryReplicaOutKeepsConversations: when every replica is out for
+// proxy errors at once (an engine that refuses what its KV cannot hold
+// fails everywhere within a second), a turn is still sent, and a
+// conversation's own replica is as good a try as any: it stays there,
+// keeping its cache, instead of being placed anew by load. With one
+// replica back, the conversations of the others move to it as before.
+func TestEveryReplicaOutKeepsConversations(t *testing.T) {
+	t.Parallel()
+	r := newTestRouter(3, Config{FailCooldown: 5 * time.Second})
+	keys := map[string]string{"a": "r0", "b": "r1", "c": "r2", "d": "r0"}
+	for k, id := range keys {
+		bindTo(t, r, k, id, t0)
+	}
+	for _, id := range []string{"r0", "r1", "r2"} {
+		r.fail(r.reps[r.byID[id]], t0.UnixNano())
+		r.fail(r.reps[r.byID[id]], t0.UnixNano()) // the second in a row orphans
+	}
+	now := t0.Add(time.Second)
+	for k, id := range keys {
+		if d := route(t, r, k, now); d.Replica != id || d.Previous != "" {
+			t.Errorf("%s with every replica out: %+v, want kept on %s", k, d, id)
+		}
+	}
+	// r1 back (its cool-down of 10 s over for it alone): the others'
+	// conversations are re-placed as a replica is in again
+	r1 := r.reps[r.byID["r1"]]
+	r1.coolUntil, r1.failStreak = 0, 0
+	r1.streak.Store(0)
+	if d := route(t, r, "a", now); d.Replica != "r1" || d.Reason != ReasonReplaced || d.Previous != "r0" {
+		t.Errorf("a with r1 back: %+v, want re-placed on r1", d)
+	}
+}

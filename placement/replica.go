@@ -136,6 +136,21 @@ func (r *Router) lenientPick(f func() *replica) *replica {
 	return p
 }
 
+// stuckWith reports whether no replica is usable and p would be tried all
+// the same (see lenientPick): out only for the failures the router infers
+// itself (poll failures, proxy errors), like all the others.
+func (r *Router) stuckWith(p *replica) bool {
+	for _, i := range r.order {
+		if r.usable(r.reps[i]) {
+			return false
+		}
+	}
+	r.lenient = true
+	ok := r.usable(p)
+	r.lenient = false
+	return ok
+}
+
 // leastQueued implements the per-request pick: least waiting×4 + running,
 // then fewer in-flight, then round-robin.
 func (r *Router) leastQueued() *replica {

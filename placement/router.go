@@ -627,6 +627,11 @@ func (r *Router) replace(e int32, from *replica, now int64, reason Reason) (Deci
 	if p == nil {
 		return Decision{}, ErrNoReplica
 	}
+	if reason == ReasonReplaced && r.stuckWith(from) {
+		// every replica is out for a failure the router inferred itself:
+		// its own is as good a try as any, and its cache is there
+		p = from
+	}
 	r.b.ents[e].flags &^= flagReplace | flagCold
 	if p != from || reason != ReasonReplaced {
 		p.addBacklog(r.recompute(e, p, 0), now)

@@ -16,9 +16,9 @@ type Regime struct {
 	// no worse than the best baseline here (MatrixRow.Holds).
 	Hold   bool
 	Config SimConfig
-	// Baselines, when set, are the modes the default is compared with
-	// instead of MatrixModes' others.
-	Baselines []string
+	// Also are modes run here besides the matrix's (those a recorded run
+	// compared), before them.
+	Also []string
 	// KeepLength keeps the preset's stage length and warm-up when the
 	// matrix is given others: its stages reproduce a recorded run.
 	KeepLength bool
@@ -97,12 +97,14 @@ func MatrixRegimes() []Regime {
 		// vllm-router's), where over 40 minutes it gains (1.15× the best
 		// peer's)
 		{Name: "fleet", Hold: false, Config: FleetSimConfig()},
-		// a fast engine whose tokenizer counts words: no cache needs
-		// protecting at 16 sessions, and the default holds nothing since
-		// it sizes new conversations by the engine's own counts (0.56×
-		// off's output before, as on llm-d-inference-sim itself,
-		// docs/other-engines.md); compared with what that run compared
-		{Name: "llmd-sim", Hold: true, Config: LLMDSimConfig(), Baselines: []string{ModeOff, ModeOn}, KeepLength: true},
+		// a fast engine whose tokenizer counts words and which refuses a
+		// turn its KV cache cannot hold: no cache needs protecting at 16
+		// sessions, and the default holds nothing since it sizes new
+		// conversations by the engine's own counts (0.56× off's output
+		// before, as on llm-d-inference-sim itself,
+		// docs/other-engines.md); with the peers, and with what that run
+		// compared
+		{Name: "llmd-sim", Hold: true, Config: LLMDSimConfig(), Also: []string{ModeOff, ModeOn}, KeepLength: true},
 		{Name: "h100", Hold: true, Config: H100SimConfig()},
 		{Name: "h100 closed loop", Hold: true, Config: h100Closed},
 	}
@@ -287,8 +289,8 @@ func Matrix(regimes []Regime, o MatrixOptions) ([]MatrixRow, error) {
 	for _, rg := range regimes {
 		cfg := rg.Config
 		rmodes := modes
-		if rg.Baselines != nil {
-			rmodes = append(slices.Clone(rg.Baselines), ModeDefault)
+		if rg.Also != nil {
+			rmodes = append(slices.Clone(rg.Also), modes...)
 		}
 		cfg.Modes = rmodes
 		if o.StageLength > 0 && !rg.KeepLength {

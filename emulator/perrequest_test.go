@@ -97,6 +97,21 @@ func TestPerRequestNoBatch(t *testing.T) {
 	}
 }
 
+// overfill adds to e, of 100 blocks, a request of 80 blocks, one of 40
+// that cannot start beside it, and one of a single block.
+func overfill(t *testing.T, e *Engine) (big, next, small *EngineRequest) {
+	t.Helper()
+	big = &EngineRequest{ID: "big", Prompt: tokens(80*16, 1), MaxTokens: 3}
+	next = &EngineRequest{ID: "next", Prompt: tokens(40*16, 2), MaxTokens: 3}
+	small = &EngineRequest{ID: "small", Prompt: tokens(16, 3), MaxTokens: 3}
+	for _, r := range []*EngineRequest{big, next, small} {
+		if err := e.Add(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return big, next, small
+}
+
 // TestPerRequestWaitsWhereTheSimulatorRefuses fills the KV cache with one
 // running request's blocks: the next, whose blocks do not fit, would be
 // refused by llm-d-inference-sim; here it waits at the head of the queue
@@ -105,14 +120,7 @@ func TestPerRequestNoBatch(t *testing.T) {
 // pass it.
 func TestPerRequestWaitsWhereTheSimulatorRefuses(t *testing.T) {
 	e := NewEngine(perRequestConfig(100, 8))
-	big := &EngineRequest{ID: "big", Prompt: tokens(80*16, 1), MaxTokens: 3}
-	next := &EngineRequest{ID: "next", Prompt: tokens(40*16, 2), MaxTokens: 3}
-	small := &EngineRequest{ID: "small", Prompt: tokens(16, 3), MaxTokens: 3}
-	for _, r := range []*EngineRequest{big, next, small} {
-		if err := e.Add(r); err != nil {
-			t.Fatal(err)
-		}
-	}
+	big, next, small := overfill(t, e)
 	e.Step()
 	if e.Running() != 1 || e.Waiting() != 2 || e.KVUsage() != 0.8 {
 		t.Fatalf("running %d, waiting %d, KV %.2f; want 1, 2, 0.80", e.Running(), e.Waiting(), e.KVUsage())
@@ -144,14 +152,7 @@ func TestPerRequestRefuses(t *testing.T) {
 	cfg := perRequestConfig(100, 8)
 	cfg.PerRequest.Refuse = true
 	e := NewEngine(cfg)
-	big := &EngineRequest{ID: "big", Prompt: tokens(80*16, 1), MaxTokens: 3}
-	next := &EngineRequest{ID: "next", Prompt: tokens(40*16, 2), MaxTokens: 3}
-	small := &EngineRequest{ID: "small", Prompt: tokens(16, 3), MaxTokens: 3}
-	for _, r := range []*EngineRequest{big, next, small} {
-		if err := e.Add(r); err != nil {
-			t.Fatal(err)
-		}
-	}
+	big, next, small := overfill(t, e)
 	_, evs := e.Step()
 	var refused []string
 	for _, ev := range evs {

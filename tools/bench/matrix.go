@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -414,12 +415,16 @@ func WriteScorecard(w io.Writer, rows []MatrixRow) error {
 		b.WriteString(losses.String())
 	}
 	b.WriteString("\nEvery mode, mean over the seeds (lowest–highest for output and hits):\n\n")
-	b.WriteString("| Shape | Sessions | Mode | Output tok/min | Prefix hits % | TTFB later p50 / p95 (s) | First-turn TTFB p95 (s) | Completion p50 (s) | Sessions completed | Requests (fewest) |\n")
+	b.WriteString("| Shape | Sessions | Mode | Output tok/min | Prefix hits % | TTFB later p50 / p95 (s) | First-turn TTFB p95 (s) | Completion p50 (s) | Sessions completed | Requests (fewest; mean share failed) |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
 		for _, f := range r.Modes {
-			fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s / %s | %s | %s | %.1f | %d |\n", r.Regime, r.Sessions, f.Mode,
-				fspreadInt(f.Output), fspread(f.Hits), fsecs(f.LaterP50), fsecs(f.LaterP95), fsecs(f.FirstP95), fsecs(f.CompletionP50), f.Completed.Mean, f.Requests)
+			req := strconv.Itoa(f.Requests)
+			if f.Failed.Mean > 0 {
+				req += fmt.Sprintf(" (%.1f %% failed)", 100*f.Failed.Mean)
+			}
+			fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s / %s | %s | %s | %.1f | %s |\n", r.Regime, r.Sessions, f.Mode,
+				fspreadInt(f.Output), fspread(f.Hits), fsecs(f.LaterP50), fsecs(f.LaterP95), fsecs(f.FirstP95), fsecs(f.CompletionP50), f.Completed.Mean, req)
 		}
 	}
 	_, err := io.WriteString(w, b.String())

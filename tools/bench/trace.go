@@ -356,6 +356,7 @@ type traceRun struct {
 	start   uint64 // the start fingerprint of its line
 	rep     int
 	release func(time.Time)
+	failed  func(time.Time) // the router's Decision.Failed (a no-op for a peer's turn)
 	reason  placement.Reason
 	ticket  *placement.Ticket
 	flight  *peers.Flight // the turn in a peer policy's books
@@ -573,7 +574,7 @@ func (s *simulator) traceSend(it *traceItem) {
 		run.ticket = tk
 		r.waiting = append(r.waiting, run)
 	} else {
-		s.traceDispatch(run, rep, d.Reason, d.Expect, d.ReleaseAt)
+		s.traceDispatch(run, rep, d, d.ReleaseAt)
 	}
 	// a turn that overlapped this one in the trace may be due now
 	r.schedule(c, s.now)
@@ -595,7 +596,7 @@ func (s *simulator) traceSendPeer(run *traceRun) {
 		return
 	}
 	run.flight = f
-	s.traceDispatch(run, f.Replica, 0, 0, func(at time.Time) { s.peer.Done(f, at) })
+	s.traceDispatch(run, f.Replica, placement.Decision{}, func(at time.Time) { s.peer.Done(f, at) })
 }
 
 // traceRetryHeld asks the peer policy again for the turns it holds, in the
@@ -625,18 +626,19 @@ func (s *simulator) traceAdmitted() {
 		if err != nil {
 			panic(fmt.Sprintf("sim: router has no replica: %v", err))
 		}
-		s.traceDispatch(run, s.byID[d.Replica], d.Reason, d.Expect, d.ReleaseAt)
+		s.traceDispatch(run, s.byID[d.Replica], d, d.ReleaseAt)
 	}
 	clear(r.waiting[len(kept):])
 	r.waiting = kept
 }
 
-// traceDispatch adds a routed turn to engine rep.
-func (s *simulator) traceDispatch(run *traceRun, rep int, reason placement.Reason, expect time.Duration, release func(time.Time)) {
+// traceDispatch adds a routed turn to engine rep (d: the router's
+// decision, zero from a peer; release frees its slot).
+func (s *simulator) traceDispatch(run *traceRun, rep int, d placement.Decision, release func(time.Time)) {
 	r, it := s.trace, run.item
 	c := it.conv
-	run.rep, run.reason, run.release = rep, reason, release
-	run.rec = TurnRecord{Session: c.serial, Turn: it.idx, LastTurn: it.idx == len(c.items)-1, Start: run.sent, Replica: s.engines[rep].id, Expect: expect}
+	run.rep, run.reason, run.release, run.failed = rep, d.Reason, release, d.Failed
+	run.rec = TurnRecord{Session: c.serial, Turn: it.idx, LastTurn: it.idx == len(c.items)-1, Start: run.sent, Replica: s.engines[rep].id, Expect: d.Expect}
 	if run.sent != s.now {
 		run.rec.Routed = s.now
 	}
@@ -687,6 +689,12 @@ func (s *simulator) traceEvent(e *simEngine, run *traceRun, ev emulator.Event) {
 			}
 			s.detailTurn(&simTurn{req: run.req, rec: run.rec})
 		}
+	case emulator.EventRefused:
+		// the engine refused it (PerRequestTiming.Refuse): an error, told
+		// to the router as the Caddy module tells a 5xx
+		run.rec.End, run.rec.Err = s.now, true
+		run.failed(simEpoch.Add(s.now))
+		s.traceFinish(run)
 	case emulator.EventFinished:
 		run.rec.End = s.now
 		run.rec.Output = len(run.req.Output)

@@ -150,6 +150,38 @@ func TestSimTraceFixture(t *testing.T) {
 	}
 }
 
+// TestSimTraceRefusedTurns replays the fixture on one replica of an
+// engine that refuses what its KV cache cannot hold beside the running
+// requests (llm-d-inference-sim's behaviour), with room for the largest
+// prompt alone: the turns that arrive beside others are refused, each is
+// recorded as an error, and the replay still ends with every turn of the
+// trace accounted for.
+func TestSimTraceRefusedTurns(t *testing.T) {
+	turns, err := ReadTraceFiles(traceFixture)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var most int64
+	for _, tt := range turns {
+		most = max(most, tt.Prompt+tt.Output)
+	}
+	cfg := traceSimConfig()
+	cfg.Replicas = 1
+	cfg.Modes = []string{ModeDefault}
+	cfg.Engine = LLMDSimEngineConfig()
+	cfg.Engine.NumGPUBlocks = int(most/16) + 2
+	cfg.Engine.MaxModelLen = 131072
+	rep, err := SimTrace(cfg, turns, TraceOptions{SharedTokens: SharedAuto})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := rep.Stages[0]
+	t.Logf("%d requests, %d refused, on %d blocks", st.Requests, st.Errors, cfg.Engine.NumGPUBlocks)
+	if st.Requests != len(turns) || st.Errors == 0 || st.Errors == st.Requests {
+		t.Errorf("%d requests (%d errors) for %d turns: want every turn, some refused", st.Requests, st.Errors, len(turns))
+	}
+}
+
 func TestSimTraceErrors(t *testing.T) {
 	good := []turntrace.Turn{tturn("a", 0, 0, 100, 1, first)}
 	cfg := DefaultSimConfig()

@@ -125,10 +125,8 @@ func (r *Router) lenientPick(f func() *replica) *replica {
 	if p := f(); p != nil {
 		return p
 	}
-	for _, i := range r.order {
-		if r.usable(r.reps[i]) {
-			return nil
-		}
+	if !r.noneUsable() {
+		return nil
 	}
 	r.lenient = true
 	p := f()
@@ -136,14 +134,22 @@ func (r *Router) lenientPick(f func() *replica) *replica {
 	return p
 }
 
-// stuckWith reports whether no replica is usable and p would be tried all
-// the same (see lenientPick): out only for the failures the router infers
-// itself (poll failures, proxy errors), like all the others.
-func (r *Router) stuckWith(p *replica) bool {
+// noneUsable reports whether no replica may be chosen now.
+func (r *Router) noneUsable() bool {
 	for _, i := range r.order {
 		if r.usable(r.reps[i]) {
 			return false
 		}
+	}
+	return true
+}
+
+// stuckWith reports whether no replica is usable and p would be tried all
+// the same (see lenientPick): out only for the failures the router infers
+// itself (poll failures, proxy errors), like all the others.
+func (r *Router) stuckWith(p *replica) bool {
+	if !r.noneUsable() {
+		return false
 	}
 	r.lenient = true
 	ok := r.usable(p)

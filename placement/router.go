@@ -617,20 +617,19 @@ func (r *Router) spill(e int32, from, p *replica, c SpillCost, now int64) Decisi
 // started over). The binding's replace and cold marks are cleared. A
 // restarted conversation is new, so it does not count as keyed.
 func (r *Router) replace(e int32, from *replica, now int64, reason Reason) (Decision, error) {
-	// where it fits first: it never waits, but it should not push a
-	// replica over its mark when another has room
-	var est int64
-	if r.adm.on {
-		est = r.adm.projected(&r.b.ents[e])
-	}
-	p, _ := r.bestFor(now, est)
-	if p == nil {
-		return Decision{}, ErrNoReplica
-	}
-	if reason == ReasonReplaced && r.stuckWith(from) {
-		// every replica is out for a failure the router inferred itself:
-		// its own is as good a try as any, and its cache is there
-		p = from
+	// With every replica out for a failure the router inferred itself,
+	// its own is as good a try as any, and its cache is there.
+	p := from
+	if reason != ReasonReplaced || !r.stuckWith(from) {
+		// where it fits first: it never waits, but it should not push a
+		// replica over its mark when another has room
+		var est int64
+		if r.adm.on {
+			est = r.adm.projected(&r.b.ents[e])
+		}
+		if p, _ = r.bestFor(now, est); p == nil {
+			return Decision{}, ErrNoReplica
+		}
 	}
 	r.b.ents[e].flags &^= flagReplace | flagCold
 	if p != from || reason != ReasonReplaced {

@@ -291,7 +291,7 @@ func Matrix(regimes []Regime, o MatrixOptions) ([]MatrixRow, error) {
 		cfg := rg.Config
 		rmodes := modes
 		if rg.Also != nil {
-			rmodes = append(slices.Clone(rg.Also), modes...)
+			rmodes = append(slices.Clone(rg.Also), slices.DeleteFunc(slices.Clone(modes), func(m string) bool { return slices.Contains(rg.Also, m) })...)
 		}
 		cfg.Modes = rmodes
 		if o.StageLength > 0 && !rg.KeepLength {

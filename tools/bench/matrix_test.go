@@ -76,3 +76,23 @@ func TestMatrixBestLeavesOutModesThatFailedMore(t *testing.T) {
 		}
 	}
 }
+
+// TestMatrixAlsoModesRunOnce: a regime's own modes run before the
+// matrix's, and a mode in both runs once.
+func TestMatrixAlsoModesRunOnce(t *testing.T) {
+	cfg := LLMDSimConfig()
+	cfg.Replicas, cfg.Stages = 1, []int{1}
+	cfg.StageLength, cfg.Warmup = 10*time.Second, 0
+	rows, err := Matrix([]Regime{{Name: "r", Config: cfg, Also: []string{ModeOff, ModeOn}, KeepLength: true}},
+		MatrixOptions{Seeds: []uint64{1}, Modes: []string{ModeOn, "vllm-router"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, f := range rows[0].Modes {
+		got = append(got, f.Mode)
+	}
+	if want := []string{ModeOff, ModeOn, "vllm-router", ModeDefault}; strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Errorf("modes %v, want %v", got, want)
+	}
+}

@@ -386,7 +386,7 @@ func (m *modelState) feedback(key string, dec placement.Decision, u vllmstats.Us
 		return
 	}
 	cached := int(min(u.CachedTokens, 1<<31-1))
-	predicted, _ := m.router.Feedback(placement.Turn{
+	predicted := m.router.Feedback(placement.Turn{
 		Key: key, Replica: dec.Replica, Reason: dec.Reason,
 		Prompt: int(min(u.PromptTokens, 1<<31-1)), Cached: cached,
 		Completion: int(min(max(u.CompletionTokens, 0), 1<<31-1)),

@@ -35,12 +35,9 @@ const (
 	meanSpan   = int(1 / meanWeight)
 	// HitsLow: below this hit rate of its returning turns (hits falling) a
 	// replica confirms that it evicts its conversations' caches
-	// (AdmissionSnapshot.Strained). A single turn is judged lost only
-	// under half (lifecycle.go): one below 0.75 but over half found most
-	// of its cache. One figure for both was measured: 0.5 for both held
-	// newcomers back from replicas whose turns found 55 % of their caches
-	// (think 20s at 16 sessions, first-turn TTFB p95 14 s → 20 s), and
-	// 0.75 for both calls a turn that found 61 % of its cache lost.
+	// (AdmissionSnapshot.Strained). 0.5 held newcomers back from
+	// replicas whose turns found 55 % of their caches (think 20s at 16
+	// sessions, first-turn TTFB p95 14 s → 20 s).
 	HitsLow = 0.75
 	// busyPolls is the span, in polls, of a replica's busy share (an
 	// exponential mean); idleBusy the share under which a moment without a

@@ -46,12 +46,11 @@ type Turn struct {
 //
 // It returns the prediction (0 when there was none: not a sticky turn, a
 // binding's first turn, or a turn for a replica the conversation is no
-// longer bound to); a side request (ReasonSide) changes nothing; cold is true when the turn delivered less than half of
-// it, the sign of a lost cache.
-func (r *Router) Feedback(t Turn) (predicted int, cold bool) {
+// longer bound to); a side request (ReasonSide) changes nothing.
+func (r *Router) Feedback(t Turn) (predicted int) {
 	if t.Key == "" || t.Prompt < 0 || t.Cached < 0 || t.Reason == ReasonSide {
 		// a side request's prompt is not the conversation's
-		return 0, false
+		return 0
 	}
 	h := r.hash(t.Key)
 	r.mu.Lock()
@@ -63,12 +62,12 @@ func (r *Router) Feedback(t Turn) (predicted int, cold bool) {
 	}
 	e, ok := r.b.idx[h]
 	if !ok {
-		return 0, false
+		return 0
 	}
 	en := &r.b.ents[e]
 	p := r.reps[en.rep]
 	if p.id != t.Replica {
-		return 0, false
+		return 0
 	}
 	if base := min(int(en.prompt), t.Prompt); (t.Reason == ReasonSticky || t.Reason == ReasonStayedOverloaded || t.Reason == ReasonSpillDeclined) && base > DefaultBlockTokens {
 		predicted = base - DefaultBlockTokens
@@ -77,7 +76,6 @@ func (r *Router) Feedback(t Turn) (predicted int, cold bool) {
 		p.predicted += uint64(predicted)
 		p.delivered += uint64(got)
 		p.hit(float64(got) / float64(predicted))
-		cold = t.Cached < predicted/2
 	}
 	en.prompt = uint32(min(t.Prompt, 1<<32-1))
 	// The conversation's context as the engine counted it; on its first
@@ -95,7 +93,7 @@ func (r *Router) Feedback(t Turn) (predicted int, cold bool) {
 		}
 	}
 	r.adm.turnFP.add(r.footprint(en))
-	return predicted, cold
+	return predicted
 }
 
 // ColdReplica marks every binding of replica id cold, as when its counters

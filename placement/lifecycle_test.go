@@ -162,14 +162,13 @@ func TestFeedbackAccounting(t *testing.T) {
 		replica                 string
 		cached                  int
 		wantPredicted           int
-		wantCold                bool
 		wantMeasured, wantDeliv uint64
 	}{
 		{name: "first turn predicts nothing", reason: ReasonPlaced, replica: "r0", cached: 0},
 		{name: "sticky, all delivered", prev: 1000, reason: ReasonSticky, replica: "r0", cached: 1000, wantPredicted: 984, wantMeasured: 1, wantDeliv: 984},
 		{name: "sticky, partly delivered", prev: 1000, reason: ReasonSticky, replica: "r0", cached: 600, wantPredicted: 984, wantMeasured: 1, wantDeliv: 600},
-		{name: "sticky, only the system prompt", prev: 1000, reason: ReasonSticky, replica: "r0", cached: 128, wantPredicted: 984, wantCold: true, wantMeasured: 1, wantDeliv: 128},
-		{name: "stayed overloaded counts", prev: 1000, reason: ReasonStayedOverloaded, replica: "r0", cached: 0, wantPredicted: 984, wantCold: true, wantMeasured: 1},
+		{name: "sticky, only the system prompt", prev: 1000, reason: ReasonSticky, replica: "r0", cached: 128, wantPredicted: 984, wantMeasured: 1, wantDeliv: 128},
+		{name: "stayed overloaded counts", prev: 1000, reason: ReasonStayedOverloaded, replica: "r0", cached: 0, wantPredicted: 984, wantMeasured: 1},
 		{name: "spilled turn predicts nothing", prev: 1000, reason: ReasonSpilled, replica: "r0", cached: 0},
 		{name: "other replica is ignored", prev: 1000, reason: ReasonSticky, replica: "r1", cached: 0},
 		{name: "prompt under a block predicts nothing", prev: 10, reason: ReasonSticky, replica: "r0", cached: 0, prompt: 15},
@@ -186,9 +185,8 @@ func TestFeedbackAccounting(t *testing.T) {
 			if prompt == 0 {
 				prompt = tc.prev + 100
 			}
-			pred, cold := r.Feedback(Turn{Key: "k", Replica: tc.replica, Reason: tc.reason, Prompt: prompt, Cached: tc.cached})
-			if pred != tc.wantPredicted || cold != tc.wantCold {
-				t.Fatalf("Feedback = %d, %v; want %d, %v", pred, cold, tc.wantPredicted, tc.wantCold)
+			if pred := r.Feedback(Turn{Key: "k", Replica: tc.replica, Reason: tc.reason, Prompt: prompt, Cached: tc.cached}); pred != tc.wantPredicted {
+				t.Fatalf("Feedback = %d, want %d", pred, tc.wantPredicted)
 			}
 			s := replicaRow(t, r, "r0")
 			if s.MeasuredTurns != tc.wantMeasured || s.PredictedTokens != uint64(tc.wantPredicted) || s.DeliveredTokens != tc.wantDeliv {
@@ -211,8 +209,8 @@ func TestFeedbackBadInput(t *testing.T) {
 		{Key: "k", Replica: "r0", Reason: ReasonSticky, Prompt: -1},
 		{Key: "k", Replica: "r0", Reason: ReasonSticky, Prompt: 10, Cached: -5},
 	} {
-		if p, c := r.Feedback(tr); p != 0 || c {
-			t.Fatalf("Feedback(%+v) = %d, %v; want 0, false", tr, p, c)
+		if p := r.Feedback(tr); p != 0 {
+			t.Fatalf("Feedback(%+v) = %d, want 0", tr, p)
 		}
 	}
 	if n := r.ColdReplica("nope"); n != 0 {

@@ -326,7 +326,7 @@ func TestSideRequestFeedback(t *testing.T) {
 		t.Fatal(err)
 	}
 	d.Release()
-	got, _ := r.Feedback(Turn{Key: "k", Replica: d.Replica, Reason: d.Reason, Prompt: 22000, Cached: 20984})
+	got := r.Feedback(Turn{Key: "k", Replica: d.Replica, Reason: d.Reason, Prompt: 22000, Cached: 20984})
 	if want := 21000 - DefaultBlockTokens; got != want {
 		t.Fatalf("prediction after a side request: %d, want %d (from the conversation's last turn)", got, want)
 	}

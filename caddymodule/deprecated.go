@@ -80,7 +80,7 @@ var deprecatedOptions = map[string]deprecatedOption{
 	"fail_cooldown": option(func(p *Policy) *caddy.Duration { return &p.FailCooldown }, parseDuration,
 		"a replica a request failed on stays out 5 s, doubled for each further failure up to a minute; Caddy's passive health checks (fail_duration) add their own"),
 	"abandon_after": option(func(p *Policy) *int { return &p.AbandonAfter }, orWord("off", -1),
-		"a replica is out after 3 turns in a row whose clients gave up before any response header"),
+		"a replica is out once turns in a row whose clients gave up before any response header come from two clients"),
 	"admit_high_water": option(func(p *Policy) *float64 { return &p.AdmitHighWater }, parsePositiveFloat,
 		"new conversations may fill a replica's whole KV capacity (kv_tokens sets the capacity)"),
 	"admit_window": option(func(p *Policy) *caddy.Duration { return &p.AdmitWindow }, parseDuration,

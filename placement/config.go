@@ -12,7 +12,6 @@ const (
 	// The passive failure signal (health.go).
 	DefaultFailCooldown    = 5 * time.Second
 	DefaultMaxFailCooldown = time.Minute
-	DefaultAbandonAfter    = 3
 
 	// DefaultSpillMargin is how much sooner a moved turn must be expected
 	// to get its first token than a staying one (spill.go). It pays for
@@ -68,11 +67,12 @@ type Config struct {
 	// without a success in between, up to MaxFailCooldown. Defaults 5s and
 	// 1m.
 	FailCooldown, MaxFailCooldown time.Duration
-	// AbandonAfter is how many turns in a row a replica must leave without
-	// response headers until their clients give up, from at least two
-	// clients and while other replicas answer, before it is out as for a
-	// proxy failure (Decision.Abandoned). Default DefaultAbandonAfter; -1
-	// turns the rule off.
+	// AbandonAfter: a replica is out as for a proxy failure once a run of
+	// turns it left without response headers until their clients gave up
+	// spans two clients while other replicas answered (Decision.Abandoned),
+	// and holds at least AbandonAfter turns. 0 (the default) asks for no
+	// more turns than the two clients' (the fewest that are not one
+	// client's impatience); -1 turns the rule off.
 	AbandonAfter int
 
 	// Working-set admission (see the package doc, "Admission"); on unless
@@ -132,9 +132,6 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxFailCooldown < c.FailCooldown {
 		c.MaxFailCooldown = c.FailCooldown
-	}
-	if c.AbandonAfter == 0 {
-		c.AbandonAfter = DefaultAbandonAfter
 	}
 	if c.KVTokens < 0 {
 		c.KVTokens = 0

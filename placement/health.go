@@ -200,9 +200,9 @@ func (a *abandonState) reset() {
 // went away before the replica sent any response header. client names the
 // client (the conversation's key, else e.g. its address). One abandoned
 // turn says nothing about the replica (clients give up, users interrupt),
-// so it is not a failure; but Config.AbandonAfter of them in a row at one
-// replica, from at least two clients, while other replicas answered
-// since the first, are taken as the replica's failure (CauseAbandoned,
+// so it is not a failure; but a run of them at one replica that spans two
+// clients (and holds Config.AbandonAfter turns when that is set), while
+// other replicas answered since the first, is taken as the replica's failure (CauseAbandoned,
 // cooled down as Failed does): a replica whose engine hangs is then found
 // even when every client gives up before the proxy's
 // response_header_timeout. An answer from the replica (Succeeded) ends
@@ -233,7 +233,7 @@ func (r *Router) abandoned(p *replica, h uint64, now int64) {
 		a.clients[1], a.nclients = h, 2
 	}
 	a.n.Add(1)
-	if int(a.n.Load()) < r.cfg.AbandonAfter || a.nclients < 2 || r.othersAnswered(p) == a.others {
+	if a.nclients < 2 || int(a.n.Load()) < r.cfg.AbandonAfter || r.othersAnswered(p) == a.others {
 		return
 	}
 	a.reset()

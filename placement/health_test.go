@@ -204,10 +204,11 @@ func pinned(t *testing.T, r *Router, key, id string, now time.Time) Decision {
 	return d
 }
 
-// Abandoned turns are evidence against a replica only in a run of
-// AbandonAfter from two clients or more while other replicas answer: an
-// answer from the replica ends the run, one impatient client never takes
-// it out, nor do clients that give up everywhere.
+// Abandoned turns are evidence against a replica only in a run that spans
+// two clients while other replicas answer (and holds AbandonAfter turns
+// when that is set): an answer from the replica ends the run, one
+// impatient client never takes it out, nor do clients that give up
+// everywhere.
 func TestAbandonedTurnsTakeAHungReplicaOut(t *testing.T) {
 	t.Parallel()
 	type turn struct {
@@ -223,11 +224,11 @@ func TestAbandonedTurnsTakeAHungReplicaOut(t *testing.T) {
 		cfgN    int
 		outWhat Cause
 	}{
-		{"two clients while r0 answers", []turn{answer("r0"), abandon("a"), answer("r0"), abandon("b"), abandon("a")}, 4, 0, CauseAbandoned},
-		{"three clients", []turn{abandon("a"), answer("r0"), abandon("b"), abandon("c")}, 3, 0, CauseAbandoned},
+		{"two clients while r0 answers", []turn{answer("r0"), abandon("a"), answer("r0"), abandon("b")}, 3, 0, CauseAbandoned},
+		{"a second client after the first's turns", []turn{abandon("a"), abandon("a"), answer("r0"), abandon("b")}, 3, 0, CauseAbandoned},
 		{"one impatient client", []turn{abandon("a"), answer("r0"), abandon("a"), abandon("a"), abandon("a"), abandon("a")}, -1, 0, 0},
 		{"nobody else answers", []turn{abandon("a"), abandon("b"), abandon("c"), abandon("d")}, -1, 0, 0},
-		{"an answer from r1 ends the run", []turn{abandon("a"), answer("r0"), abandon("b"), answer("r1"), abandon("a"), abandon("b")}, -1, 0, 0},
+		{"an answer from r1 ends the run", []turn{abandon("a"), answer("r0"), answer("r1"), abandon("b"), abandon("b")}, -1, 0, 0},
 		{"abandon_after 5", []turn{abandon("a"), abandon("b"), abandon("a"), answer("r0"), abandon("b"), abandon("a")}, 5, 5, CauseAbandoned},
 		{"off", []turn{answer("r0"), abandon("a"), abandon("b"), abandon("a"), abandon("b")}, -1, -1, 0},
 	} {

@@ -123,8 +123,12 @@ func (r *Router) SetHealthDown(id string, down bool) bool { return r.setDown(id,
 // (it could not be reached, sent no response headers in time, answered 5xx
 // or cut its stream). The replica is then out for a cool-down of
 // Config.FailCooldown, doubled for every further failure without a success
-// in between, up to Config.MaxFailCooldown; from the second failure in a
-// row its bound conversations are also placed anew on their next turn. Call
+// in between, up to Config.MaxFailCooldown. Its conversations keep their
+// binding: a turn that comes while it is out moves (ReasonReplaced) and
+// takes its binding along; one that comes after finds its cache where it
+// was, since an engine that fails requests keeps its cache (one that
+// restarts is seen by the poll and its conversations are placed anew).
+// Call
 // it before Release; afterwards it does nothing. now zero means time.Now().
 func (d Decision) Failed(now time.Time) {
 	s := d.s
@@ -175,9 +179,6 @@ func (r *Router) failLocked(p *replica, now int64, cause Cause) {
 	p.streak.Store(int32(min(p.failStreak, 1<<30)))
 	if until := now + int64(cd); until > p.coolUntil {
 		p.coolUntil = until
-	}
-	if p.failStreak == 2 {
-		r.orphan(p)
 	}
 }
 

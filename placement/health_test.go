@@ -121,7 +121,7 @@ func TestProxyFailureCooldown(t *testing.T) {
 		t.Fatalf("after the cool-down: %+v", d)
 	}
 
-	// failures in a row: 1s, 2s, 4s, 4s (capped); the second orphans
+	// failures in a row: 1s, 2s, 4s, 4s (capped)
 	now := t0.Add(10 * time.Second)
 	d, _ = r.Route(Request{Pin: "r0", Now: now})
 	d.Succeeded() // ends the run of the first failure
@@ -136,8 +136,9 @@ func TestProxyFailureCooldown(t *testing.T) {
 	if !slices.Equal(want, []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 4 * time.Second}) {
 		t.Fatalf("cool-downs %v", want)
 	}
-	if d := route(t, r, "b", now.Add(5*time.Second)); d.Reason != ReasonReplaced {
-		t.Fatalf("conversation of a replica failing in a row: %+v, want re-placed", d)
+	// its conversations keep their cache there: back after the cool-down
+	if d := route(t, r, "b", now.Add(5*time.Second)); d.Reason != ReasonSticky {
+		t.Fatalf("conversation of a replica that failed in a row, after the cool-down: %+v, want sticky", d)
 	}
 	// a success ends the run: the next failure starts at 1s again
 	d, _ = r.Route(Request{Pin: "r0", Now: now.Add(5 * time.Second)})

@@ -78,7 +78,7 @@ var deprecatedOptions = map[string]deprecatedOption{
 	"fail_after": option(func(p *Policy) *int { return &p.FailAfter }, positive,
 		"a replica is out after 3 failed polls in a row, at once when a poll is refused or reset; Caddy's health checks add their own"),
 	"fail_cooldown": option(func(p *Policy) *caddy.Duration { return &p.FailCooldown }, parseDuration,
-		"a replica a request failed on stays out 5 s, doubled for each further failure up to a minute; Caddy's passive health checks (fail_duration) add their own"),
+		"a replica a request failed on stays out 5 s, then until one request sent there is answered; Caddy's passive health checks (fail_duration) add their own"),
 	"abandon_after": option(func(p *Policy) *int { return &p.AbandonAfter }, orWord("off", -1),
 		"a replica is out once turns in a row whose clients gave up before any response header come from two clients"),
 	"admit_high_water": option(func(p *Policy) *float64 { return &p.AdmitHighWater }, parsePositiveFloat,

@@ -131,9 +131,9 @@ type Policy struct {
 
 	// How long a replica stays out of placement after a request to it
 	// failed (no connection, no response headers within the transport's
-	// response_header_timeout, a 5xx answer, a stream cut); doubled for
-	// each further failure without a success between, up to 1m or 12 times
-	// this, whichever is longer. Default 5s.
+	// response_header_timeout, a 5xx answer, a stream cut); after it, one
+	// request probes it and it stays out for the others until that one is
+	// answered. Default 5s.
 	//
 	// Deprecated: loads with a warning in this release (deprecated.go).
 	FailCooldown caddy.Duration `json:"fail_cooldown,omitempty"`
@@ -253,23 +253,22 @@ func (*Policy) CaddyModule() caddy.ModuleInfo {
 
 func (p *Policy) routerConfig() placement.Config {
 	return placement.Config{
-		AffinityOff:     p.Affinity != nil && !*p.Affinity,
-		MaxNumSeqs:      p.MaxNumSeqs,
-		SpillThreshold:  p.SpillThreshold,
-		SpillWaiting:    p.SpillWaiting,
-		IdleTTL:         time.Duration(p.IdleTTL),
-		ActiveWindow:    time.Duration(p.ActiveWindow),
-		MaxBindings:     p.MaxSessions,
-		FailCooldown:    time.Duration(p.FailCooldown),
-		AbandonAfter:    p.AbandonAfter,
-		MaxFailCooldown: max(placement.DefaultMaxFailCooldown, 12*time.Duration(p.FailCooldown)),
-		AdmissionOff:    p.Admission != nil && !*p.Admission,
-		KVTokens:        p.KVTokens,
-		HighWater:       p.AdmitHighWater,
-		AdmitWindow:     time.Duration(p.AdmitWindow),
-		AdmitWait:       time.Duration(p.AdmitWait),
-		AdmitQueue:      p.AdmitQueue,
-		RotateTurns:     p.RotateTurns,
+		AffinityOff:    p.Affinity != nil && !*p.Affinity,
+		MaxNumSeqs:     p.MaxNumSeqs,
+		SpillThreshold: p.SpillThreshold,
+		SpillWaiting:   p.SpillWaiting,
+		IdleTTL:        time.Duration(p.IdleTTL),
+		ActiveWindow:   time.Duration(p.ActiveWindow),
+		MaxBindings:    p.MaxSessions,
+		FailCooldown:   time.Duration(p.FailCooldown),
+		AbandonAfter:   p.AbandonAfter,
+		AdmissionOff:   p.Admission != nil && !*p.Admission,
+		KVTokens:       p.KVTokens,
+		HighWater:      p.AdmitHighWater,
+		AdmitWindow:    time.Duration(p.AdmitWindow),
+		AdmitWait:      time.Duration(p.AdmitWait),
+		AdmitQueue:     p.AdmitQueue,
+		RotateTurns:    p.RotateTurns,
 	}
 }
 

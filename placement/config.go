@@ -10,8 +10,7 @@ const (
 	DefaultMaxBindings  = 100000
 
 	// The passive failure signal (health.go).
-	DefaultFailCooldown    = 5 * time.Second
-	DefaultMaxFailCooldown = time.Minute
+	DefaultFailCooldown = 5 * time.Second
 
 	// DefaultSpillMargin is how much sooner a moved turn must be expected
 	// to get its first token than a staying one (spill.go). It pays for
@@ -63,10 +62,10 @@ type Config struct {
 	// doc, "Spill cost"; default DefaultSpillMargin).
 	SpillMargin time.Duration
 	// FailCooldown is how long a replica stays out after a request to it
-	// failed (Decision.Failed); it doubles with every further failure
-	// without a success in between, up to MaxFailCooldown. Defaults 5s and
-	// 1m.
-	FailCooldown, MaxFailCooldown time.Duration
+	// failed (Decision.Failed); after it, one request is sent there and
+	// the replica stays out for others until that one is answered (see
+	// Decision.Failed). Default DefaultFailCooldown.
+	FailCooldown time.Duration
 	// AbandonAfter: a replica is out as for a proxy failure once a run of
 	// turns it left without response headers until their clients gave up
 	// spans two clients while other replicas answered (Decision.Abandoned),
@@ -126,12 +125,6 @@ func (c Config) withDefaults() Config {
 	}
 	if c.FailCooldown <= 0 {
 		c.FailCooldown = DefaultFailCooldown
-	}
-	if c.MaxFailCooldown <= 0 {
-		c.MaxFailCooldown = DefaultMaxFailCooldown
-	}
-	if c.MaxFailCooldown < c.FailCooldown {
-		c.MaxFailCooldown = c.FailCooldown
 	}
 	if c.KVTokens < 0 {
 		c.KVTokens = 0

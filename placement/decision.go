@@ -50,6 +50,7 @@ func (d Decision) ReleaseAt(now time.Time) {
 	p, r := s.rep, s.r
 	p.inflight.Add(-1)
 	r.inflight.Add(-1)
+	r.probeReleased(p, d.tok)
 	if s.gen != p.pollGen.Load() {
 		// in flight at the replica's last poll, so counted in its polled
 		// running; gone since

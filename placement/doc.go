@@ -28,10 +28,10 @@
 // holds: SetAvailable(false) (CauseAdmin), SetPollDown (CausePoll: its polls
 // fail), SetHealthDown (CauseHealth: the proxy's health checks), or a
 // cool-down after Decision.Failed (CauseProxy: a request to it failed;
-// Config.FailCooldown, doubled per failure in a row up to MaxFailCooldown).
-// Going out for a poll failure or a health check, or failing twice in a row,
-// marks its bindings: their next turn is re-placed (ReasonReplaced) even if
-// the replica is back by then, so it regains conversations by load. When no
+// Config.FailCooldown, then until a request sent there is answered).
+// Going out for a poll failure or a health check marks its bindings: their
+// next turn is re-placed (ReasonReplaced) even if the replica is back by
+// then, so it regains conversations by load. When no
 // replica is left but some are out only for CausePoll or CauseProxy, those
 // are used (a setup whose polls can never succeed keeps serving), and a
 // bound conversation's turn goes to its own replica, where its cache is.

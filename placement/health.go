@@ -65,7 +65,7 @@ func (r *Router) out(p *replica) Cause {
 	if !p.avail {
 		c |= CauseAdmin
 	}
-	if p.coolUntil > r.clock {
+	if p.coolUntil > r.clock || p.probe.Load() != 0 {
 		c |= p.coolCause
 	}
 	return c
@@ -103,6 +103,7 @@ func (r *Router) setDown(id string, c Cause, down bool) bool {
 		// whose past proxy errors say nothing about the new one
 		p.coolUntil, p.failStreak = 0, 0
 		p.streak.Store(0)
+		p.probe.Store(0)
 		p.ab.reset()
 	}
 	return true
@@ -122,8 +123,12 @@ func (r *Router) SetHealthDown(id string, down bool) bool { return r.setDown(id,
 // Failed reports that the request this Decision routed failed at its replica
 // (it could not be reached, sent no response headers in time, answered 5xx
 // or cut its stream). The replica is then out for a cool-down of
-// Config.FailCooldown, doubled for every further failure without a success
-// in between, up to Config.MaxFailCooldown. Its conversations keep their
+// Config.FailCooldown. After it, the next request routed there is a
+// probe: until it is answered (Succeeded) the replica stays out for every
+// other request, and its failure starts another cool-down; a probe
+// released without either frees the way for the next. A replica that
+// keeps failing thus gets one request per cool-down and that request's
+// timeout, however long it stays broken. Its conversations keep their
 // binding: a turn that comes while it is out moves (ReasonReplaced) and
 // takes its binding along; one that comes after finds its cache where it
 // was, since an engine that fails requests keeps its cache (one that
@@ -155,6 +160,7 @@ func (d Decision) Succeeded() {
 	r.mu.Lock()
 	p.failStreak = 0
 	p.streak.Store(0)
+	p.probe.Store(0)
 	p.ab.reset()
 	r.mu.Unlock()
 }
@@ -170,16 +176,32 @@ func (r *Router) fail(p *replica, now int64) {
 // CauseAbandoned) at now: see Decision.Failed. r.mu held.
 func (r *Router) failLocked(p *replica, now int64, cause Cause) {
 	p.coolCause = cause
-	cd := r.cfg.FailCooldown
-	for i := 0; i < p.failStreak && cd < r.cfg.MaxFailCooldown; i++ {
-		cd *= 2
-	}
-	cd = min(cd, r.cfg.MaxFailCooldown)
 	p.failStreak++
 	p.streak.Store(int32(min(p.failStreak, 1<<30)))
-	if until := now + int64(cd); until > p.coolUntil {
+	p.probe.Store(0)
+	if until := now + int64(r.cfg.FailCooldown); until > p.coolUntil {
 		p.coolUntil = until
 	}
+}
+
+// probeWith makes the request of token tok the probe of p when p failed
+// since its last answer and no probe is out (see Decision.Failed). r.mu
+// held.
+func (p *replica) probeWith(tok uint64) {
+	if p.failStreak > 0 && p.probe.Load() == 0 {
+		p.probe.Store(tok)
+	}
+}
+
+// probeReleased frees p for the next probe when the request of token tok,
+// its probe, ended without an answer or a failure reported.
+func (r *Router) probeReleased(p *replica, tok uint64) {
+	if p.probe.Load() != tok {
+		return
+	}
+	r.mu.Lock()
+	p.probe.CompareAndSwap(tok, 0)
+	r.mu.Unlock()
 }
 
 // abandonState counts the turns a replica left without response headers

@@ -3,7 +3,6 @@ package placement
 import (
 	"errors"
 	"fmt"
-	"slices"
 	"testing"
 	"time"
 )
@@ -92,10 +91,11 @@ func TestDownReplicaReplacedAndNotReturned(t *testing.T) {
 }
 
 // A failed request puts its replica in a cool-down at once: the next
-// placements avoid it; further failures lengthen it; a success ends the run.
+// placements avoid it; after it one request probes the replica, and only
+// an answer to a probe (or any answer) ends the run.
 func TestProxyFailureCooldown(t *testing.T) {
 	t.Parallel()
-	r := newTestRouter(2, Config{FailCooldown: time.Second, MaxFailCooldown: 4 * time.Second})
+	r := newTestRouter(2, Config{FailCooldown: time.Second})
 	d, err := r.Route(Request{Key: "a", Pin: "r0", Now: t0})
 	if err != nil {
 		t.Fatal(err)
@@ -121,35 +121,42 @@ func TestProxyFailureCooldown(t *testing.T) {
 		t.Fatalf("after the cool-down: %+v", d)
 	}
 
-	// failures in a row: 1s, 2s, 4s, 4s (capped)
+	// after the cool-down, the first request is a probe: while it is
+	// unanswered r0 is out for every other; its failure starts another
+	// cool-down of the same length (no back-off: one request per
+	// cool-down is what a broken replica gets)
 	now := t0.Add(10 * time.Second)
-	d, _ = r.Route(Request{Pin: "r0", Now: now})
-	d.Succeeded() // ends the run of the first failure
+	probe, err := r.Route(Request{Key: "b", Now: now})
+	if err != nil || probe.Replica != "r0" || probe.Reason != ReasonSticky {
+		t.Fatalf("first turn after the cool-down: %+v, %v", probe, err)
+	}
+	if row := replicaRow(t, r, "r0"); row.Available || row.Out != CauseProxy {
+		t.Fatalf("r0 while its probe is out: %+v", row)
+	}
+	if d := route(t, r, "n-probe", now); d.Replica != "r1" {
+		t.Fatalf("placed beside an unanswered probe: %+v", d)
+	}
+	probe.Failed(now)
+	probe.Release()
+	if got := replicaRow(t, r, "r0").CooldownUntil.Sub(now); got != time.Second {
+		t.Fatalf("cool-down after a failed probe: %v, want the same 1s", got)
+	}
+	// a probe released with no answer and no failure frees the way for
+	// the next request, which is the next probe
+	now = now.Add(2 * time.Second)
+	pinned(t, r, "p1", "r0", now).Release()
+	p2 := pinned(t, r, "p2", "r0", now)
+	if row := replicaRow(t, r, "r0"); row.Available {
+		t.Fatalf("r0 while its second probe is out: %+v", row)
+	}
+	// its answer ends the run: r0 is back, and the next request is no probe
+	p2.Succeeded()
+	p2.Release()
+	d = pinned(t, r, "p3", "r0", now)
+	if row := replicaRow(t, r, "r0"); !row.Available || row.Out != 0 {
+		t.Fatalf("r0 after an answered probe, a request in flight: %+v", row)
+	}
 	d.Release()
-	var want []time.Duration
-	r0 := r.reps[r.byID["r0"]]
-	for range 4 {
-		// requests sent before the first failure fail one after another
-		r.fail(r0, now.UnixNano())
-		want = append(want, replicaRow(t, r, "r0").CooldownUntil.Sub(now))
-	}
-	if !slices.Equal(want, []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 4 * time.Second}) {
-		t.Fatalf("cool-downs %v", want)
-	}
-	// its conversations keep their cache there: back after the cool-down
-	if d := route(t, r, "b", now.Add(5*time.Second)); d.Reason != ReasonSticky {
-		t.Fatalf("conversation of a replica that failed in a row, after the cool-down: %+v, want sticky", d)
-	}
-	// a success ends the run: the next failure starts at 1s again
-	d, _ = r.Route(Request{Pin: "r0", Now: now.Add(5 * time.Second)})
-	d.Succeeded()
-	d.Release()
-	d, _ = r.Route(Request{Pin: "r0", Now: now.Add(6 * time.Second)})
-	d.Failed(now.Add(6 * time.Second))
-	d.Release()
-	if got := replicaRow(t, r, "r0").CooldownUntil.Sub(now.Add(6 * time.Second)); got != time.Second {
-		t.Fatalf("cool-down after a success: %v", got)
-	}
 	// the poll seeing a restarted server clears the cool-down
 	r.SetPollDown("r0", true)
 	r.SetPollDown("r0", false)

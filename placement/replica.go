@@ -31,6 +31,10 @@ type replica struct {
 	streak     atomic.Int32 // failStreak, read without the lock
 	proxyFails uint64       // proxy failures reported, ever
 	coolCause  Cause        // what the cool-down is for: CauseProxy or CauseAbandoned
+	// probe is the token of the request sent to it after a cool-down,
+	// while that one is unanswered (0 = none); it is out for others
+	// meanwhile (see Decision.Failed)
+	probe atomic.Uint64
 	ab         abandonState // turns left unanswered until their clients gave up
 
 	// bindings list, most recent first; entries head..activeTail are active.
@@ -109,7 +113,7 @@ func (f *fleet) usable(p *replica) bool {
 	if f.lenient {
 		return p.down&CauseHealth == 0
 	}
-	return p.down == 0 && p.coolUntil <= f.clock
+	return p.down == 0 && p.coolUntil <= f.clock && p.probe.Load() == 0
 }
 
 // lenientPick returns f's choice; when f finds nothing, it asks again with

@@ -676,6 +676,7 @@ func (r *Router) takeSlot(p *replica, reason Reason, e int32) Decision {
 	p.inflight.Add(1)
 	r.inflight.Add(1)
 	s, tok := r.slots.get(p, r)
+	p.probeWith(tok)
 	s.mark, s.counted = p.cost.added, p.cost.counted
 	p.cost.counted = false
 	r.adm.hold(p, e, s)

@@ -298,7 +298,7 @@ func runSim(args []string) error {
 	fs.BoolVar(&cfg.DPRotate, "dp-rotate", false, "vllm-dp: rotate the balancer's tie-break after every pick (vLLM from PR 47420 on) instead of ties to the lowest engine")
 	fs.DurationVar(&cfg.RestartAt, "restart-at", 0, "restart one replica (cache and counters cleared) this long after every stage's start, engine time (0: never)")
 	fs.IntVar(&cfg.RestartReplica, "restart-replica", 0, "the replica --restart-at restarts")
-	matrix := fs.Bool("matrix", false, "run every traffic shape the bench knows (closed loop, --think 3s and 20s, --interactive, seqs8, 7gpu, waves, fleet, h100 with 3 s pauses and closed, and llmd-sim against off and on at its own 60 s stages) for vllm-dp, every peer router's policy and default, over --seeds, and print the scorecard of the default against the others; --stage-length and --warmup apply to all but llmd-sim")
+	matrix := fs.Bool("matrix", false, "run every traffic shape the bench knows (closed loop, --think 3s and 20s, --interactive, seqs8, 7gpu, waves, fleet, h100 with 3 s pauses and closed, and llmd-sim against off and on at its own 60 s stages) for vllm-dp, every peer router's policy and default, over --seeds, and print the scorecard of the default against the others; --stage-length and --warmup apply to all but llmd-sim; --modes runs only those modes besides the default")
 	seeds := fs.String("seeds", "1,2,3", "--matrix: workload seeds, comma-separated; every figure is their mean, with their range")
 	detail := fs.Bool("detail", false, "print per stage where turns spend their time (queue, prefill, preemptions) and each replica's load")
 	trace := fs.String("trace", "", "replay a turn trace (the lm_warden handler's trace option; FILE or FILE.1,FILE) with every mode, the peer routers' included, instead of the workload, on the replicas the other flags size; docs/trace.md")
@@ -341,8 +341,16 @@ func runSim(args []string) error {
 			}
 			ss = append(ss, v)
 		}
+		var modes []string
+		if set["modes"] {
+			// a subset, e.g. --modes default to see what a change to the
+			// default moves, in a quarter of the time
+			if _, modes, err = c.parse(); err != nil {
+				return err
+			}
+		}
 		start := time.Now()
-		rows, err := bench.Matrix(bench.MatrixRegimes(), bench.MatrixOptions{StageLength: length, Warmup: warm, Seeds: ss,
+		rows, err := bench.Matrix(bench.MatrixRegimes(), bench.MatrixOptions{StageLength: length, Warmup: warm, Seeds: ss, Modes: modes,
 			Progress: func(rg string, seed uint64) {
 				fmt.Fprintf(os.Stderr, "matrix %-12s seed %d  (%.0fs)\n", rg, seed, time.Since(start).Seconds())
 			}})

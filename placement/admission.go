@@ -246,8 +246,10 @@ func (a *admission) residentSet(p *replica, now int64) (own, shared int64) {
 // at now: p holds nothing yet, sits idle by its engine's figures (see
 // idle), or its KV holds what its conversations and the new one need at
 // the same time (see absorbs). The part p already shares among its
-// conversations (the system prompt) is assumed shared by the new one too,
-// up to half of est. It updates p's full state for the card. a.mu held.
+// conversations (the system prompt) is assumed shared by the new one too
+// when est holds it; a conversation whose first request is shorter than
+// that part cannot hold it (another client's), and counts whole. It
+// updates p's full state for the card. a.mu held.
 func (a *admission) fits(p *replica, est int64, now int64) bool {
 	c := a.capacity(p)
 	if c <= 0 {
@@ -255,12 +257,23 @@ func (a *admission) fits(p *replica, est int64, now int64) bool {
 	}
 	own, base := a.residentSet(p, now)
 	ws := own + base
-	first := est - min(base, est/2)
+	first := uncachedStart(est, base)
 	est = max(first, a.peak())
 	high := a.markFull(p, ws, c)
 	// everything counted whole fits: so it does at any share (absorbs
 	// would say so, at the cost of another walk of the resident set)
 	return ws == 0 || ws+est <= high || a.idle(p, now) || a.absorbs(p, first, est, now, high)
+}
+
+// uncachedStart is the part of a new conversation's first request of est
+// tokens that a replica sharing base tokens among its conversations (the
+// system prompt) does not hold: est less base when est holds it, else all
+// of est (a request shorter than the shared part is another client's).
+func uncachedStart(est, base int64) int64 {
+	if est > base {
+		return est - base
+	}
+	return est
 }
 
 // absorbs reports whether p's KV holds what its conversations need at the

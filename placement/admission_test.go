@@ -659,3 +659,21 @@ func TestAdmissionActiveMatchesSnapshot(t *testing.T) {
 		t.Fatal("in force after SetAdmission(false)")
 	}
 }
+
+// TestUncachedStart: a new conversation's first request shares the
+// replica's system prompt when it is longer than that; a shorter one
+// cannot hold it and counts whole.
+func TestUncachedStart(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ est, base, want int64 }{
+		{9000, 4000, 5000}, // holds the shared part: only its own
+		{5000, 4000, 1000}, // a short first message after a long system prompt
+		{4000, 4000, 4000}, // no longer than the shared part: another client's
+		{3000, 4000, 3000},
+		{3000, 0, 3000}, // nothing shared yet
+	} {
+		if got := uncachedStart(tc.est, tc.base); got != tc.want {
+			t.Errorf("uncachedStart(%d, %d) = %d, want %d", tc.est, tc.base, got, tc.want)
+		}
+	}
+}

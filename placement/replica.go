@@ -31,11 +31,11 @@ type replica struct {
 	streak     atomic.Int32 // failStreak, read without the lock
 	proxyFails uint64       // proxy failures reported, ever
 	coolCause  Cause        // what the cool-down is for: CauseProxy or CauseAbandoned
+	ab         abandonState // turns left unanswered until their clients gave up
 	// probe is the token of the request sent to it after a cool-down,
 	// while that one is unanswered (0 = none); it is out for others
 	// meanwhile (see Decision.Failed)
 	probe atomic.Uint64
-	ab         abandonState // turns left unanswered until their clients gave up
 
 	// bindings list, most recent first; entries head..activeTail are active.
 	head, tail, activeTail int32

@@ -12,12 +12,14 @@ package main
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -298,7 +300,7 @@ func runSim(args []string) error {
 	fs.BoolVar(&cfg.DPRotate, "dp-rotate", false, "vllm-dp: rotate the balancer's tie-break after every pick (vLLM from PR 47420 on) instead of ties to the lowest engine")
 	fs.DurationVar(&cfg.RestartAt, "restart-at", 0, "restart one replica (cache and counters cleared) this long after every stage's start, engine time (0: never)")
 	fs.IntVar(&cfg.RestartReplica, "restart-replica", 0, "the replica --restart-at restarts")
-	matrix := fs.Bool("matrix", false, "run every traffic shape the bench knows (closed loop, --think 3s and 20s, --interactive, seqs8, 7gpu, waves, fleet, h100 with 3 s pauses and closed, and llmd-sim against off and on at its own 60 s stages) for vllm-dp, every peer router's policy and default, over --seeds, and print the scorecard of the default against the others; --stage-length and --warmup apply to all but llmd-sim; --modes runs only those modes besides the default")
+	matrix := fs.Bool("matrix", false, "run every traffic shape the bench knows (closed loop, --think 3s and 20s, --interactive, seqs8, 7gpu, waves, fleet, h100 with 3 s pauses and closed, and llmd-sim against off and on at its own 60 s stages) for vllm-dp, every peer router's policy and default, over --seeds, and print the scorecard of the default against the others; --stage-length and --warmup apply to all but llmd-sim; --modes runs only those modes besides the default; --out writes every figure's mean, lowest and highest to matrix.json there")
 	seeds := fs.String("seeds", "1,2,3", "--matrix: workload seeds, comma-separated; every figure is their mean, with their range")
 	detail := fs.Bool("detail", false, "print per stage where turns spend their time (queue, prefill, preemptions) and each replica's load")
 	trace := fs.String("trace", "", "replay a turn trace (the lm_warden handler's trace option; FILE or FILE.1,FILE) with every mode, the peer routers' included, instead of the workload, on the replicas the other flags size; docs/trace.md")
@@ -356,6 +358,13 @@ func runSim(args []string) error {
 			}})
 		if err != nil {
 			return err
+		}
+		if set["out"] {
+			// every figure's mean, lowest and highest over the seeds, for
+			// comparing two runs column by column
+			if err := writeJSON(filepath.Join(c.out, "matrix.json"), rows); err != nil {
+				return err
+			}
 		}
 		return bench.WriteScorecard(os.Stdout, rows)
 	}
@@ -555,4 +564,16 @@ func set(fs *flag.FlagSet, name string) bool {
 func isTerminal(f *os.File) bool {
 	fi, err := f.Stat()
 	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+// writeJSON writes v, indented, to path, making its directory.
+func writeJSON(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
 }

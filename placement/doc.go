@@ -170,9 +170,11 @@
 // unknown does not prevent the move.
 //
 // rate(p) is p's prefill rate, learned from finished turns (Turn.FirstToken:
-// computed tokens ÷ time to first token, for turns computing at least 512
-// tokens). A queue only makes a turn look slower, so a faster turn sets the
-// rate and a slower one pulls it a tenth of the way (meanWeight). Before
+// computed tokens ÷ time to first token). A queue or the engine's step
+// overhead only makes a turn look slower, so a faster turn sets the rate and
+// a slower one pulls it a tenth of the way (meanWeight) times the share of
+// its time that its prefill at the present rate explains: a turn that
+// computed a few tokens teaches next to nothing. Before
 // any turn taught it, DefaultPrefillRate (2,000 tokens/s) applies, which
 // makes moves look costlier, never cheaper. The turn time is the mean place
 // a finished turn held in its replica's batch: its decode (Turn.Duration −

@@ -16,10 +16,6 @@ const (
 	// DefaultTurnTime is how long a turn is assumed to hold its place in
 	// the engine's batch before one of the replica's turns finished.
 	DefaultTurnTime = 10 * time.Second
-	// minRateTokens is the fewest computed tokens a turn needs to teach
-	// its replica's prefill rate: below it the time to first token is
-	// mostly the engine's step overhead.
-	minRateTokens = 512
 	// recentSpills is how many spill decisions Snapshot reports.
 	recentSpills = 8
 )
@@ -214,16 +210,21 @@ func (r *Router) room(q *replica, tokens int64) bool {
 // learn updates p's prefill rate and turn time from a finished turn
 // routed there: computed tokens over its time to first token, and the
 // place it held in the batch. A turn's rate can only understate the
-// replica's (a queue ahead of it adds to its time), so a faster turn sets
-// the rate and a slower one pulls it meanWeight of the way. r.mu held.
+// replica's (a queue ahead of it, or the engine's step overhead, adds to
+// its time), so a faster turn sets the rate, and a slower one pulls it
+// meanWeight of the way times the share of its time to first token that
+// its prefill at the present rate explains: a turn that computed a few
+// tokens, whose time is mostly overhead or queue, teaches next to
+// nothing. r.mu held.
 func (p *replica) learn(t Turn) {
 	c := &p.cost
-	if computed := t.Prompt - min(t.Cached, t.Prompt); computed >= minRateTokens && t.FirstToken > 0 {
+	if computed := t.Prompt - min(t.Cached, t.Prompt); computed > 0 && t.FirstToken > 0 {
 		rate := float64(computed) / t.FirstToken.Seconds()
 		if rate > c.rate {
 			c.rate = rate
 		} else {
-			c.rate += (rate - c.rate) * meanWeight
+			// (computed / c.rate) / FirstToken = rate / c.rate
+			c.rate += (rate - c.rate) * meanWeight * rate / c.rate
 		}
 	}
 	if t.Expect > 0 && t.FirstToken > 0 {

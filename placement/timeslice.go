@@ -15,7 +15,8 @@ const (
 	flagPaused uint16 = 256
 	// minRunsOver: the fewest turns a conversation runs after it was
 	// admitted before it may be paused because its replica is over its
-	// KV: it paid a prefill to come in, and its next turn finds it cached.
+	// KV: the turn that paid a prefill to come in, and one that finds it
+	// cached, so no admission's prefill goes unused.
 	minRunsOver = 2
 )
 

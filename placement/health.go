@@ -124,17 +124,19 @@ func (r *Router) SetHealthDown(id string, down bool) bool { return r.setDown(id,
 // (it could not be reached, sent no response headers in time, answered 5xx
 // or cut its stream). The replica is then out for a cool-down of
 // Config.FailCooldown. After it, the next request routed there is a
-// probe: until it is answered (Succeeded) the replica stays out for every
-// other request, and its failure starts another cool-down; a probe
-// released without either frees the way for the next. A replica that
-// keeps failing thus gets one request per cool-down and that request's
-// timeout, however long it stays broken. Its conversations keep their
-// binding: a turn that comes while it is out moves (ReasonReplaced) and
-// takes its binding along; one that comes after finds its cache where it
-// was, since an engine that fails requests keeps its cache (one that
-// restarts is seen by the poll and its conversations are placed anew).
-// Call
-// it before Release; afterwards it does nothing. now zero means time.Now().
+// probe: until it is answered the replica stays out for every other
+// request, and its failure starts another cool-down. A probe answered
+// (Succeeded), or released with nothing reported (a proxy without the
+// lm_warden handler reports only failures), ends the run; one whose
+// client gave up first (Abandoned) says nothing and frees the way for the
+// next. A replica that keeps failing thus gets one request per cool-down
+// and that request's timeout, however long it stays broken. Its
+// conversations keep their binding: a turn that comes while it is out
+// moves (ReasonReplaced) and takes its binding along; one that comes after
+// finds its cache where it was, since an engine that fails requests keeps
+// its cache (one that restarts is seen by the poll and its conversations
+// are placed anew). Call it before Release; afterwards it does nothing.
+// now zero means time.Now().
 func (d Decision) Failed(now time.Time) {
 	s := d.s
 	if s == nil || d.tok == 0 || s.tok.Load() != d.tok {
@@ -193,14 +195,19 @@ func (p *replica) probeWith(tok uint64) {
 	}
 }
 
-// probeReleased frees p for the next probe when the request of token tok,
-// its probe, ended without an answer or a failure reported.
+// probeReleased ends p's run of failures when the request of token tok,
+// its probe, ended with nothing reported: as far as the router can tell,
+// it was answered (see Decision.Failed).
 func (r *Router) probeReleased(p *replica, tok uint64) {
 	if p.probe.Load() != tok {
 		return
 	}
 	r.mu.Lock()
-	p.probe.CompareAndSwap(tok, 0)
+	if p.probe.CompareAndSwap(tok, 0) {
+		p.failStreak = 0
+		p.streak.Store(0)
+		p.ab.reset()
+	}
 	r.mu.Unlock()
 }
 
@@ -225,8 +232,9 @@ func (a *abandonState) reset() {
 // turn says nothing about the replica (clients give up, users interrupt),
 // so it is not a failure; but a run of them at one replica that spans two
 // clients (and holds Config.AbandonAfter turns when that is set), while
-// other replicas answered since the first, is taken as the replica's failure (CauseAbandoned,
-// cooled down as Failed does): a replica whose engine hangs is then found
+// other replicas answered since the first, is taken as the replica's
+// failure (CauseAbandoned, cooled down as Failed does; an abandoned probe
+// frees the way for the next): a replica whose engine hangs is then found
 // even when every client gives up before the proxy's
 // response_header_timeout. An answer from the replica (Succeeded) ends
 // the run. Call it before Release; afterwards it does nothing. now zero
@@ -237,13 +245,13 @@ func (d Decision) Abandoned(client string, now time.Time) {
 		return
 	}
 	r := s.r
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s.rep.probe.CompareAndSwap(d.tok, 0) // no answer: the next request probes
 	if r.cfg.AbandonAfter < 0 {
 		return
 	}
-	h := r.hash(client)
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.abandoned(s.rep, h, r.advance(unixNanos(now)))
+	r.abandoned(s.rep, r.hash(client), r.advance(unixNanos(now)))
 }
 
 // abandoned counts an abandoned turn of client h at p. r.mu held.

@@ -126,6 +126,10 @@ func TestProxyFailureCooldown(t *testing.T) {
 	// cool-down of the same length (no back-off: one request per
 	// cool-down is what a broken replica gets)
 	now := t0.Add(10 * time.Second)
+	d, _ = r.Route(Request{Pin: "r0", Now: now})
+	d.Failed(now)
+	d.Release()
+	now = now.Add(2 * time.Second)
 	probe, err := r.Route(Request{Key: "b", Now: now})
 	if err != nil || probe.Replica != "r0" || probe.Reason != ReasonSticky {
 		t.Fatalf("first turn after the cool-down: %+v, %v", probe, err)
@@ -141,10 +145,12 @@ func TestProxyFailureCooldown(t *testing.T) {
 	if got := replicaRow(t, r, "r0").CooldownUntil.Sub(now); got != time.Second {
 		t.Fatalf("cool-down after a failed probe: %v, want the same 1s", got)
 	}
-	// a probe released with no answer and no failure frees the way for
-	// the next request, which is the next probe
+	// a probe whose client gave up before any answer says nothing: the
+	// next request is the next probe
 	now = now.Add(2 * time.Second)
-	pinned(t, r, "p1", "r0", now).Release()
+	p1 := pinned(t, r, "p1", "r0", now)
+	p1.Abandoned("p1", now)
+	p1.Release()
 	p2 := pinned(t, r, "p2", "r0", now)
 	if row := replicaRow(t, r, "r0"); row.Available {
 		t.Fatalf("r0 while its second probe is out: %+v", row)
@@ -155,6 +161,18 @@ func TestProxyFailureCooldown(t *testing.T) {
 	d = pinned(t, r, "p3", "r0", now)
 	if row := replicaRow(t, r, "r0"); !row.Available || row.Out != 0 {
 		t.Fatalf("r0 after an answered probe, a request in flight: %+v", row)
+	}
+	d.Release()
+	// a probe released with nothing reported (the proxy without the
+	// handler reports only failures) ends the run too
+	d, _ = r.Route(Request{Pin: "r0", Now: now})
+	d.Failed(now)
+	d.Release()
+	now = now.Add(2 * time.Second)
+	pinned(t, r, "p4", "r0", now).Release()
+	d = pinned(t, r, "p5", "r0", now)
+	if row := replicaRow(t, r, "r0"); !row.Available || row.Out != 0 {
+		t.Fatalf("r0 after a probe released with nothing reported, a request in flight: %+v", row)
 	}
 	d.Release()
 	// the poll seeing a restarted server clears the cool-down

@@ -144,10 +144,14 @@ type simTurn struct {
 	rep     int
 	release func(time.Time)
 	failed  func(time.Time) // the router's Decision.Failed (a no-op for a peer's turn)
-	reason  placement.Reason
-	histLen int // the slot's history before this turn's user message
-	rec     TurnRecord
-	flight  *peers.Flight // the turn in a peer policy's books
+	// answered is the router's Decision.Succeeded, which the Caddy
+	// module calls at the response's headers: told at the first token
+	// (llm-d-inference-sim sends a stream's headers with it)
+	answered func()
+	reason   placement.Reason
+	histLen  int // the slot's history before this turn's user message
+	rec      TurnRecord
+	flight   *peers.Flight // the turn in a peer policy's books
 }
 
 type simSlot struct {
@@ -576,6 +580,7 @@ func (s *simulator) finishStep(i int) {
 		case emulator.EventToken:
 			if ev.Index == 0 {
 				t.rec.FirstToken = s.now
+				t.answered()
 				if t.flight != nil {
 					s.peer.FirstToken(t.flight, simEpoch.Add(s.now))
 				}
@@ -752,7 +757,7 @@ func (s *simulator) admitted(slots []*simSlot) {
 func (s *simulator) dispatch(sl *simSlot, prompt []uint32, histLen int, sent time.Duration, rep int, d placement.Decision, release func(time.Time)) {
 	sess := sl.sess
 	turn := sess.Turn()
-	t := &simTurn{slot: sl, rep: rep, release: release, failed: d.Failed, reason: d.Reason, histLen: histLen}
+	t := &simTurn{slot: sl, rep: rep, release: release, failed: d.Failed, answered: d.Succeeded, reason: d.Reason, histLen: histLen}
 	t.rec = TurnRecord{Session: sess.Serial, Turn: turn, LastTurn: turn == sess.Turns()-1, Start: sent, Replica: s.engines[rep].id, Expect: d.Expect}
 	if sent != s.now {
 		t.rec.Routed = s.now

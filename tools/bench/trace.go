@@ -357,11 +357,14 @@ type traceRun struct {
 	rep     int
 	release func(time.Time)
 	failed  func(time.Time) // the router's Decision.Failed (a no-op for a peer's turn)
-	reason  placement.Reason
-	ticket  *placement.Ticket
-	flight  *peers.Flight // the turn in a peer policy's books
-	sent    time.Duration
-	rec     TurnRecord
+	// answered is the router's Decision.Succeeded, told at the first
+	// token (see simTurn)
+	answered func()
+	reason   placement.Reason
+	ticket   *placement.Ticket
+	flight   *peers.Flight // the turn in a peer policy's books
+	sent     time.Duration
+	rec      TurnRecord
 }
 
 func newTraceReplay(turns []turntrace.Turn, shared int) *traceReplay {
@@ -637,7 +640,7 @@ func (s *simulator) traceAdmitted() {
 func (s *simulator) traceDispatch(run *traceRun, rep int, d placement.Decision, release func(time.Time)) {
 	r, it := s.trace, run.item
 	c := it.conv
-	run.rep, run.reason, run.release, run.failed = rep, d.Reason, release, d.Failed
+	run.rep, run.reason, run.release, run.failed, run.answered = rep, d.Reason, release, d.Failed, d.Succeeded
 	run.rec = TurnRecord{Session: c.serial, Turn: it.idx, LastTurn: it.idx == len(c.items)-1, Start: run.sent, Replica: s.engines[rep].id, Expect: d.Expect}
 	if run.sent != s.now {
 		run.rec.Routed = s.now
@@ -684,6 +687,7 @@ func (s *simulator) traceEvent(e *simEngine, run *traceRun, ev emulator.Event) {
 	case emulator.EventToken:
 		if ev.Index == 0 {
 			run.rec.FirstToken = s.now
+			run.answered()
 			if run.flight != nil {
 				s.peer.FirstToken(run.flight, simEpoch.Add(s.now))
 			}

@@ -46,7 +46,15 @@ func (m *modelState) logOuts() {
 			if !c.o.CooldownUntil.IsZero() {
 				fs = append(fs, zap.Time("until", c.o.CooldownUntil), zap.Duration("for", time.Until(c.o.CooldownUntil).Round(time.Millisecond)))
 			}
-			l.Warn("replica out of placement: "+c.went.String()+"; its conversations are re-placed on their next turn", fs...)
+			// a health check's verdict re-places the replica's
+			// conversations; a failure's cool-down or an admin's
+			// unavailable only sends elsewhere the turns that come
+			// meanwhile (placement.Decision.Failed)
+			what := "; turns that come meanwhile go elsewhere"
+			if c.went&placement.CauseHealth != 0 {
+				what = "; its conversations are re-placed on their next turn"
+			}
+			l.Warn("replica out of placement: "+c.went.String()+what, fs...)
 		}
 		if c.back != 0 {
 			still := c.o.Out.Names()

@@ -81,8 +81,8 @@ type uiColumn struct {
 // written from this list and placement.Counters (TestREADMECounters).
 var uiReplicaColumns = []uiColumn{
 	{Key: "state", Label: "Status", Group: "Status",
-		Title: "available, or out and why (poll failure, proxy errors with the cool-down's end, health check); unreachable when its metrics cannot be read",
-		Doc:   "whether the replica can be chosen now: *available*; *out* and why (poll failure, proxy errors with the cool-down's end, health check, marked unavailable; see *When a replica fails*); *unreachable* when the last 3 polls failed, with the last error and when it was last seen (`reachable`, `last_error`, `last_seen`, `out`, `cooldown_until`, `proxy_failures` in the JSON); then the engine its metrics name and, when some are missing, which figures it does not give"},
+		Title: "available, or out and why (poll failure, proxy errors with the cool-down's end or while its probe is unanswered, health check); unreachable when its metrics cannot be read",
+		Doc:   "whether the replica can be chosen now: *available*; *out* and why (poll failure, proxy errors with the cool-down's end or while its probe is unanswered, health check, marked unavailable; see *When a replica fails*); *unreachable* when the last 3 polls failed, with the last error and when it was last seen (`reachable`, `last_error`, `last_seen`, `out`, `cooldown_until`, `proxy_failures` in the JSON); then the engine its metrics name and, when some are missing, which figures it does not give"},
 	{Key: "held", Label: "Held", Group: "Load", Title: "requests in flight through this router on the replica"},
 	{Key: "run_wait", Label: "Running / waiting", Group: "Load", Title: "the engine's num_requests_running / num_requests_waiting",
 		Doc: "vLLM's `num_requests_running` / `num_requests_waiting`; the tooltip gives the wait they mean for a turn: the router's expected time to first token of the recent turns here against the time they met from routing (`expected_ttft_s`, `measured_ttft_s` in the JSON)"},

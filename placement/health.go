@@ -101,10 +101,8 @@ func (r *Router) setDown(id string, c Cause, down bool) bool {
 	if c == CausePoll {
 		// it answers polls again after failing them: a restarted server,
 		// whose past proxy errors say nothing about the new one
-		p.coolUntil, p.failStreak = 0, 0
-		p.streak.Store(0)
-		p.probe.Store(0)
-		p.ab.reset()
+		p.coolUntil = 0
+		p.endFailures()
 	}
 	return true
 }
@@ -160,11 +158,17 @@ func (d Decision) Succeeded() {
 	}
 	r := s.r
 	r.mu.Lock()
+	p.endFailures()
+	r.mu.Unlock()
+}
+
+// endFailures ends p's run of failures: it answered (or restarted). Its
+// probe, if one was out, is answered too. r.mu held.
+func (p *replica) endFailures() {
 	p.failStreak = 0
 	p.streak.Store(0)
 	p.probe.Store(0)
 	p.ab.reset()
-	r.mu.Unlock()
 }
 
 func (r *Router) fail(p *replica, now int64) {
@@ -203,10 +207,8 @@ func (r *Router) probeReleased(p *replica, tok uint64) {
 		return
 	}
 	r.mu.Lock()
-	if p.probe.CompareAndSwap(tok, 0) {
-		p.failStreak = 0
-		p.streak.Store(0)
-		p.ab.reset()
+	if p.probe.Load() == tok {
+		p.endFailures()
 	}
 	r.mu.Unlock()
 }

@@ -143,15 +143,14 @@ type simTurn struct {
 	req     *emulator.EngineRequest
 	rep     int
 	release func(time.Time)
-	failed  func(time.Time) // the router's Decision.Failed (a no-op for a peer's turn)
-	// answered is the router's Decision.Succeeded, which the Caddy
-	// module calls at the response's headers: told at the first token
-	// (llm-d-inference-sim sends a stream's headers with it)
-	answered func()
-	reason   placement.Reason
-	histLen  int // the slot's history before this turn's user message
-	rec      TurnRecord
-	flight   *peers.Flight // the turn in a peer policy's books
+	// dec is the router's decision (zero, whose reports do nothing, for
+	// a peer's turn): told Succeeded at the first token, as the Caddy
+	// module does at the response's headers (llm-d-inference-sim sends a
+	// stream's headers with it), and Failed when the engine refuses
+	dec     placement.Decision
+	histLen int // the slot's history before this turn's user message
+	rec     TurnRecord
+	flight  *peers.Flight // the turn in a peer policy's books
 }
 
 type simSlot struct {
@@ -580,7 +579,7 @@ func (s *simulator) finishStep(i int) {
 		case emulator.EventToken:
 			if ev.Index == 0 {
 				t.rec.FirstToken = s.now
-				t.answered()
+				t.dec.Succeeded()
 				if t.flight != nil {
 					s.peer.FirstToken(t.flight, simEpoch.Add(s.now))
 				}
@@ -593,7 +592,7 @@ func (s *simulator) finishStep(i int) {
 			// the bench's client gives up on the session and starts a new
 			// one 100 ms later (httpRun.client).
 			t.rec.End, t.rec.Err = s.now, true
-			t.failed(simEpoch.Add(s.now))
+			t.dec.Failed(simEpoch.Add(s.now))
 			s.done(t)
 			sl := t.slot
 			sl.cur = nil
@@ -612,7 +611,7 @@ func (s *simulator) finishStep(i int) {
 				if t.rec.Routed > 0 {
 					routed = t.rec.Routed
 				}
-				s.router.Feedback(placement.Turn{Key: t.slot.sess.ID, Replica: e.id, Reason: t.reason,
+				s.router.Feedback(placement.Turn{Key: t.slot.sess.ID, Replica: e.id, Reason: t.dec.Reason,
 					Prompt: len(t.req.Prompt), Cached: t.req.CachedTokens, Completion: len(t.req.Output),
 					FirstToken: t.rec.FirstToken - routed, Duration: s.now - routed, Expect: t.rec.Expect})
 				if s.cfg.BytesPerToken > 0 {
@@ -757,7 +756,7 @@ func (s *simulator) admitted(slots []*simSlot) {
 func (s *simulator) dispatch(sl *simSlot, prompt []uint32, histLen int, sent time.Duration, rep int, d placement.Decision, release func(time.Time)) {
 	sess := sl.sess
 	turn := sess.Turn()
-	t := &simTurn{slot: sl, rep: rep, release: release, failed: d.Failed, answered: d.Succeeded, reason: d.Reason, histLen: histLen}
+	t := &simTurn{slot: sl, rep: rep, release: release, dec: d, histLen: histLen}
 	t.rec = TurnRecord{Session: sess.Serial, Turn: turn, LastTurn: turn == sess.Turns()-1, Start: sent, Replica: s.engines[rep].id, Expect: d.Expect}
 	if sent != s.now {
 		t.rec.Routed = s.now

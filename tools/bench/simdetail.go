@@ -136,7 +136,7 @@ func (s *simulator) detailTurn(t *simTurn) {
 		a.preN++
 	}
 	a.d.Replicas[t.rep].Turns++
-	switch t.reason {
+	switch t.dec.Reason {
 	case placement.ReasonRestarted:
 		a.d.Restarted++
 	case placement.ReasonColdReplaced:

@@ -356,15 +356,11 @@ type traceRun struct {
 	start   uint64 // the start fingerprint of its line
 	rep     int
 	release func(time.Time)
-	failed  func(time.Time) // the router's Decision.Failed (a no-op for a peer's turn)
-	// answered is the router's Decision.Succeeded, told at the first
-	// token (see simTurn)
-	answered func()
-	reason   placement.Reason
-	ticket   *placement.Ticket
-	flight   *peers.Flight // the turn in a peer policy's books
-	sent     time.Duration
-	rec      TurnRecord
+	dec     placement.Decision // the router's decision, zero for a peer's turn (see simTurn)
+	ticket  *placement.Ticket
+	flight  *peers.Flight // the turn in a peer policy's books
+	sent    time.Duration
+	rec     TurnRecord
 }
 
 func newTraceReplay(turns []turntrace.Turn, shared int) *traceReplay {
@@ -640,7 +636,7 @@ func (s *simulator) traceAdmitted() {
 func (s *simulator) traceDispatch(run *traceRun, rep int, d placement.Decision, release func(time.Time)) {
 	r, it := s.trace, run.item
 	c := it.conv
-	run.rep, run.reason, run.release, run.failed, run.answered = rep, d.Reason, release, d.Failed, d.Succeeded
+	run.rep, run.release, run.dec = rep, release, d
 	run.rec = TurnRecord{Session: c.serial, Turn: it.idx, LastTurn: it.idx == len(c.items)-1, Start: run.sent, Replica: s.engines[rep].id, Expect: d.Expect}
 	if run.sent != s.now {
 		run.rec.Routed = s.now
@@ -687,7 +683,7 @@ func (s *simulator) traceEvent(e *simEngine, run *traceRun, ev emulator.Event) {
 	case emulator.EventToken:
 		if ev.Index == 0 {
 			run.rec.FirstToken = s.now
-			run.answered()
+			run.dec.Succeeded()
 			if run.flight != nil {
 				s.peer.FirstToken(run.flight, simEpoch.Add(s.now))
 			}
@@ -697,7 +693,7 @@ func (s *simulator) traceEvent(e *simEngine, run *traceRun, ev emulator.Event) {
 		// the engine refused it (PerRequestTiming.Refuse): an error, told
 		// to the router as the Caddy module tells a 5xx
 		run.rec.End, run.rec.Err = s.now, true
-		run.failed(simEpoch.Add(s.now))
+		run.dec.Failed(simEpoch.Add(s.now))
 		s.traceFinish(run)
 	case emulator.EventFinished:
 		run.rec.End = s.now
@@ -716,7 +712,7 @@ func (s *simulator) traceEvent(e *simEngine, run *traceRun, ev emulator.Event) {
 			if run.rec.Routed > 0 {
 				routed = run.rec.Routed
 			}
-			s.router.Feedback(placement.Turn{Key: c.key, Replica: e.id, Reason: run.reason,
+			s.router.Feedback(placement.Turn{Key: c.key, Replica: e.id, Reason: run.dec.Reason,
 				Prompt: len(run.req.Prompt), Cached: run.req.CachedTokens, Completion: len(run.req.Output),
 				FirstToken: run.rec.FirstToken - routed, Duration: s.now - routed})
 		}

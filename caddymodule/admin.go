@@ -318,7 +318,7 @@ func buildCard(m *modelState, now time.Time) Card {
 	}
 	for _, sc := range s.RecentSpills {
 		c.RecentSpills = append(c.RecentSpills, SpillRow{At: sc.At.UTC(), From: sc.From, To: sc.To,
-			StayS: sc.Stay.Seconds(), MoveS: sc.Move.Seconds(), ContextTokens: sc.Context, Moved: sc.Moved})
+			StayS: sc.Stay.Seconds(), MoveS: sc.Move.Seconds(), EvictS: sc.Evict.Seconds(), ContextTokens: sc.Context, Moved: sc.Moved})
 	}
 	for _, r := range s.Replicas {
 		row := ReplicaRow{

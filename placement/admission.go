@@ -315,10 +315,7 @@ func (a *admission) absorbs(p *replica, first, est, now, high int64) bool {
 // sessions did so until every turn recomputed its history); the walk goes
 // past the horizon until it has met the replica's heldN turns. a.mu held.
 func (a *admission) demand(p *replica, first, est, now int64, size func(*entry) int64) (inFlight int64, load float64) {
-	turn := p.cost.turn
-	if turn <= 0 {
-		turn = DefaultTurnTime.Seconds()
-	}
+	turn := p.turnTime()
 	typical := float64(a.gaps.quantile()) / 1e3
 	inFlight = int64(p.base) + first
 	sn := turn / (turn + typical)

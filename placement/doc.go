@@ -152,8 +152,9 @@
 //
 //	stay = wait(bound)
 //	move = wait(target) + recomputed / rate(target)
+//	       + turn time(target)    when free KV (1 − KV usage) × capacity < recomputed
+//	       + evicted / rate(target)
 //	move when stay > move + Config.SpillMargin (default 1 s)
-//	     and the target's free KV (1 − KV usage) × capacity ≥ recomputed
 //
 // wait(p) is the turn's wait for a place in p's batch, then for the long
 // prefills ahead of it: no place is waited for while p runs fewer than
@@ -166,8 +167,15 @@
 // there after it, as the engine prefills in arrival order. recomputed is
 // the conversation's prompt as the engine counted it on its last turn
 // (Feedback; else Request.Tokens) less what a new conversation finds cached
-// on the target (the system prompt). A free KV share or capacity that is
-// unknown does not prevent the move.
+// on the target (the system prompt). A target without room for it in its
+// KV cache makes the moved turn wait for blocks to free: a turn time.
+// evicted is the recompute the move forces on the conversations resident
+// on the target: the tokens by which their working set (admission's
+// figure: those in flight and those expected back within their resident
+// time) and the moved history exceed the target's high-water mark; they
+// return and compute again what was pushed out. A free KV share or
+// capacity that is unknown adds nothing, nor does a working set while
+// admission is not in force.
 //
 // rate(p) is p's prefill rate, learned from finished turns (Turn.FirstToken:
 // computed tokens ÷ time to first token). A queue or the engine's step

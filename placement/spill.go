@@ -44,8 +44,11 @@ type SpillCost struct {
 	At         time.Time
 	From, To   string
 	Stay, Move time.Duration
-	Context    int  // tokens the target would recompute
-	Moved      bool // the turn spilled; false: it stayed (declined)
+	Context    int // tokens the target would recompute
+	// Evict is the part of Move that the recompute forced on the
+	// target's resident conversations makes up (see evicts)
+	Evict time.Duration
+	Moved bool // the turn spilled; false: it stayed (declined)
 }
 
 // String renders the estimate as the route header gives it, e.g.
@@ -129,11 +132,16 @@ func (r *Router) slotWait(p *replica, held int) float64 {
 	if ahead <= 0 {
 		return 0
 	}
-	turn := p.cost.turn
-	if turn <= 0 {
-		turn = DefaultTurnTime.Seconds()
+	return float64(ahead) * p.turnTime() / float64(seqs)
+}
+
+// turnTime is how long a turn holds its place in p's batch, in seconds:
+// its mean over p's finished turns, DefaultTurnTime before one finished.
+func (p *replica) turnTime() float64 {
+	if p.cost.turn > 0 {
+		return p.cost.turn
 	}
-	return float64(ahead) * turn / float64(seqs)
+	return DefaultTurnTime.Seconds()
 }
 
 // wait estimates, in seconds, how long a turn routed to p at now waits
@@ -177,34 +185,61 @@ func (r *Router) recompute(e int32, q *replica, tokens int) int64 {
 }
 
 // pays decides whether the turn of entry e on from, over the threshold,
-// moves to q: its expected wait on from must exceed its expected wait on q,
-// recomputing its history there, by SpillMargin (the one hysteresis), and
-// q's KV cache must have room for that history. It records the decision
-// for Snapshot and returns the estimate.
+// moves to q: its expected wait on from must exceed the move's cost by
+// SpillMargin (the one hysteresis). The move costs, in seconds, its wait
+// on q and its history recomputed there, a turn time more when q's KV
+// cache, by its engine's gauge, has no room for that history (it waits
+// for blocks to free), and the recompute it forces on q's resident
+// conversations (evicts). It records the decision for Snapshot and
+// returns the estimate.
 func (r *Router) pays(e int32, from, q *replica, tokens int, now int64) (SpillCost, bool) {
 	ctx := r.recompute(e, q, tokens)
 	stay := r.wait(from, now, 0)
-	move := r.wait(q, now, 0) + float64(ctx)/q.prefillRate()
+	evict := r.evicts(q, ctx, now)
+	move := r.wait(q, now, 0) + float64(ctx)/q.prefillRate() + evict
+	if !r.room(q, ctx) {
+		move += q.turnTime()
+	}
 	c := SpillCost{
 		At: time.Unix(0, now), From: from.id, To: q.id, Context: int(ctx),
 		Stay: time.Duration(stay * 1e9), Move: time.Duration(move * 1e9),
+		Evict: time.Duration(evict * 1e9),
 	}
-	c.Moved = stay > move+r.cfg.SpillMargin.Seconds() && r.room(q, ctx)
+	c.Moved = stay > move+r.cfg.SpillMargin.Seconds()
 	r.spillLog[r.spillN%recentSpills] = c
 	r.spillN++
 	return c, c.Moved
 }
 
 // room reports whether q's KV cache, by its engine's gauge, has room for
-// tokens more: a history moved onto a replica without it evicts the caches
-// of the conversations there and waits for blocks anyway, so it does not
-// move. An unknown gauge or capacity is no information: room is assumed.
+// tokens more: a history moved onto a replica without it waits for blocks
+// to free. An unknown gauge or capacity is no information: room is
+// assumed.
 func (r *Router) room(q *replica, tokens int64) bool {
 	capacity := r.capacity(q)
 	if capacity <= 0 || !q.kvKnown() {
 		return true
 	}
 	return float64(tokens) <= (1-q.kv())*float64(capacity)
+}
+
+// evicts is the recompute, in seconds at q's rate, that tokens of history
+// moved onto q force on the conversations resident there: the part of
+// their context that q's working set (see admission.workingSet: the
+// conversations in flight there and those expected back within their
+// resident time) and the moved history hold beyond q's high-water mark.
+// The engine evicts that much of their cached prefixes, and a
+// conversation counted resident is expected to return and compute it
+// again. 0 where admission is not in force (off, or a capacity unknown):
+// the working set is then no estimate the router acts on.
+func (r *Router) evicts(q *replica, tokens, now int64) float64 {
+	c := r.capacity(q)
+	if !r.adm.on || c <= 0 {
+		return 0
+	}
+	ws := r.adm.workingSet(q, now)
+	over := ws + tokens - int64(r.cfg.HighWater*float64(c))
+	return float64(min(max(over, 0), ws)) / q.prefillRate()
 }
 
 // learn updates p's prefill rate and turn time from a finished turn

@@ -110,15 +110,31 @@ func TestSpillCost(t *testing.T) {
 			want: "r0", reason: ReasonStayedOverloaded,
 		},
 		{
-			name: "no room in the target's KV cache for the history: stays",
+			// 3 running, 2 waiting: 3 turns of 10 s ahead in batches of
+			// 3, 10 s; the move's 4 s of recompute and a turn time (10
+			// s) waiting for blocks
+			name: "no room in the target's KV cache for the history: it would wait for blocks, and stays",
 			n:    2, cfg: Config{SpillThreshold: 2, KVTokens: 40000, AdmissionOff: true},
 			setup: func(t *testing.T, r *Router) {
 				bindTo(t, r, "k", "r0", t0)
-				r.UpdateLoad("r0", queued(3, 6))
+				r.UpdateLoad("r0", queued(3, 2))
 				r.UpdateLoad("r1", Load{Running: 1, KVUsage: 0.9, Reachable: true})
 			},
 			req:  Request{Key: "k", Tokens: 8000},
 			want: "r0", reason: ReasonSpillDeclined,
+			stay: 10 * time.Second, move: 14 * time.Second,
+		},
+		{
+			name: "the same history moves where the target's KV cache has room",
+			n:    2, cfg: Config{SpillThreshold: 2, KVTokens: 40000, AdmissionOff: true},
+			setup: func(t *testing.T, r *Router) {
+				bindTo(t, r, "k", "r0", t0)
+				r.UpdateLoad("r0", queued(3, 2))
+				r.UpdateLoad("r1", Load{Running: 1, KVUsage: 0.5, Reachable: true})
+			},
+			req:  Request{Key: "k", Tokens: 8000},
+			want: "r1", reason: ReasonSpilled,
+			stay: 10 * time.Second, move: 4 * time.Second,
 		},
 		{
 			name: "a wider margin keeps the turn",
@@ -418,5 +434,44 @@ func TestLearnWithoutBinding(t *testing.T) {
 	s := r.Snapshot().Replicas[0]
 	if s.PrefillRate != 10000 || s.TurnTime != 3*time.Second || s.TTFTTurns != 1 {
 		t.Errorf("rate %g, turn time %v, checked turns %d; want 10000, 3s, 1", s.PrefillRate, s.TurnTime, s.TTFTTurns)
+	}
+}
+
+// A move's cost counts the recompute it forces on the target's resident
+// conversations: the part of their context that no longer fits beside the
+// moved history, at the target's rate.
+func TestSpillEvicts(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name     string
+		resident int // tokens of the conversation resident on r1
+		want     string
+		evict    time.Duration
+	}{
+		// 3 running, 1 waiting on r0: 2 turns of 10 s ahead in batches
+		// of 3, 6.7 s; the move recomputes 8,000 tokens at 2,000 tok/s,
+		// 4 s
+		{"room beside the residents: moves", 30000, "r1", 0},
+		// 38,000 + 8,000 over 40,000: 6,000 tokens pushed out, 3 s
+		{"the residents' caches pushed out cost more than the queue: stays", 38000, "r0", 3 * time.Second},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r := admitRouter(2, 40000, Config{SpillThreshold: 2})
+			bindTo(t, r, "a", "r1", t0)
+			r.Feedback(Turn{Key: "a", Replica: "r1", Reason: ReasonClientPinned, Prompt: tc.resident})
+			bindTo(t, r, "k", "r0", t0)
+			r.UpdateLoad("r0", queued(3, 1))
+			d, err := r.Route(Request{Key: "k", Tokens: 8000, Now: t0.Add(time.Second)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer d.Release()
+			s := r.Snapshot()
+			c := s.RecentSpills[len(s.RecentSpills)-1]
+			if d.Replica != tc.want || c.Evict != tc.evict || c.Move != 4*time.Second+tc.evict {
+				t.Fatalf("went to %s (%s), evict %v, move %v; want %s, evict %v", d.Replica, d.Reason, c.Evict, c.Move, tc.want, tc.evict)
+			}
+		})
 	}
 }

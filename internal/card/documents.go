@@ -58,14 +58,17 @@ type Card struct {
 }
 
 // SpillRow is one spill decision on the card: the turn's expected time to
-// first token on its replica (stay) and on the target, its history of
-// context_tokens recomputed there (move); moved says which won.
+// first token on its replica (stay) and the move's cost: its time to first
+// token on the target, its history of context_tokens recomputed there,
+// plus the recompute it forces on the target's resident conversations
+// (evict_s, part of move_s); moved says which won.
 type SpillRow struct {
 	At            time.Time `json:"at"`
 	From          string    `json:"from"`
 	To            string    `json:"to"`
 	StayS         float64   `json:"stay_s"`
 	MoveS         float64   `json:"move_s"`
+	EvictS        float64   `json:"evict_s"`
 	ContextTokens int       `json:"context_tokens"`
 	Moved         bool      `json:"moved"`
 }

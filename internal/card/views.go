@@ -309,7 +309,9 @@ func uiReplicaState(r ReplicaRow, now time.Time) uiVal {
 
 // uiSpillDeclined renders a replica's declined spills with, in the tooltip,
 // the estimates of the last spill decisions for turns from it: "moved to
-// r2: stay 9.1 s, move 3.0 s (12,000 tokens)".
+// r2: stay 9.1 s, move 3.0 s (12,000 tokens)", with "; evicts 1.2 s"
+// inside the parentheses when the move pushes resident conversations'
+// caches out.
 func uiSpillDeclined(n uint64, id string, recent []SpillRow) uiVal {
 	v := uiCount(n)
 	for _, c := range recent {
@@ -324,7 +326,11 @@ func uiSpillDeclined(n uint64, id string, recent []SpillRow) uiVal {
 			v.H += "\n"
 		}
 		v.H += verb + c.To + ": stay " + humanize.FtoaWithDigits(c.StayS, 1) + " s, move " +
-			humanize.FtoaWithDigits(c.MoveS, 1) + " s (" + humanize.Comma(int64(c.ContextTokens)) + " tokens)"
+			humanize.FtoaWithDigits(c.MoveS, 1) + " s (" + humanize.Comma(int64(c.ContextTokens)) + " tokens"
+		if c.EvictS > 0 {
+			v.H += "; evicts " + humanize.FtoaWithDigits(c.EvictS, 1) + " s"
+		}
+		v.H += ")"
 	}
 	return v
 }

@@ -61,12 +61,12 @@ func TestUISpillDeclinedTooltip(t *testing.T) {
 	recent := []SpillRow{
 		{From: "r0", To: "r1", StayS: 9.1, MoveS: 3.04, ContextTokens: 12000, Moved: true},
 		{From: "r1", To: "r2", StayS: 1, MoveS: 2},
-		{From: "r0", To: "r3", StayS: 0.5, MoveS: 4.2, ContextTokens: 800},
+		{From: "r0", To: "r3", StayS: 0.5, MoveS: 4.2, EvictS: 1.2, ContextTokens: 800},
 	}
 	for _, tc := range []struct {
 		id, text, tip string
 	}{
-		{"r0", "3", "moved to r1: stay 9.1 s, move 3 s (12,000 tokens)\nstayed, not to r3: stay 0.5 s, move 4.2 s (800 tokens)"},
+		{"r0", "3", "moved to r1: stay 9.1 s, move 3 s (12,000 tokens)\nstayed, not to r3: stay 0.5 s, move 4.2 s (800 tokens; evicts 1.2 s)"},
 		{"r2", "3", ""},
 	} {
 		v := uiSpillDeclined(3, tc.id, recent)

@@ -117,6 +117,12 @@ func randomRun(t *testing.T, seed uint64, steps int) {
 				req.Exclude = []string{all[rng.IntN(len(all))]}
 			}
 			before := r.Snapshot()
+			doneBefore := map[string]int64{}
+			for _, id := range all {
+				if i, ok := r.byID[id]; ok {
+					doneBefore[id] = r.reps[i].doneSincePoll.Load()
+				}
+			}
 			d, err := r.Route(req)
 			if err != nil {
 				continue
@@ -127,9 +133,12 @@ func randomRun(t *testing.T, seed uint64, steps int) {
 					target = rs
 				}
 			}
+			// what the router counted running there when it decided:
+			// its own in-flight turns, or the polled count less the
+			// turns that ended since that poll
 			run := target.InFlight
-			if target.Load.Reachable && target.Load.Running > run {
-				run = target.Load.Running
+			if target.Load.Reachable {
+				run = max(run, target.Load.Running-int(doneBefore[d.Replica]))
 			}
 			switch d.Reason {
 			case ReasonSticky:

@@ -34,7 +34,8 @@ const RankHeader = "X-Data-Parallel-Rank"
 // "X-LM-Warden-Route: 10.0.0.5:8001; sticky". A turn whose replica was over
 // the spill threshold adds the estimates of its time to first token there
 // and on the replica it could move to: "10.0.0.5:8001; spill-declined;
-// stay 0.40s, move 6.20s".
+// stay 0.40s, move 6.20s", with "(evicts 1.20s)" when part of the move's
+// cost is the recompute it forces on the target's resident conversations.
 const RouteHeader = "X-LM-Warden-Route"
 
 // WaitHeader is the response header, sent with RouteHeader, of a request
@@ -742,7 +743,7 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 		route := at.routes[reason]
 		if dec.Stay != 0 || dec.Move != 0 {
 			// a turn over the threshold: the estimates that decided it
-			route += "; " + placement.SpillCost{Stay: dec.Stay, Move: dec.Move}.String()
+			route += "; " + placement.SpillCost{Stay: dec.Stay, Move: dec.Move, Evict: dec.Evict}.String()
 		}
 		// the two headers' values share one allocation
 		vals := []string{route, strconv.FormatFloat(dec.Expect.Seconds(), 'f', 3, 64)}

@@ -19,8 +19,9 @@ type Decision struct {
 	// time to first token on its replica and on the target, for a turn
 	// whose replica was over the threshold and that another could take
 	// (ReasonSpilled, ReasonSpillDeclined, ReasonStayedOverloaded); zero
-	// otherwise.
-	Stay, Move time.Duration
+	// otherwise. Evict is the part of Move that the recompute the move
+	// forces on the target's resident conversations makes up.
+	Stay, Move, Evict time.Duration
 	// Expect is the turn's expected time to first token on Replica from
 	// this decision, by the same model (see the package doc, "Spill
 	// cost"): its wait there, then the prefill of what it is expected to

@@ -522,7 +522,7 @@ func (r *Router) overThreshold(e int32, bound *replica, tokens int, now int64) D
 		bound.n.StayedOverloaded++
 		d = r.stay(e, bound, now, ReasonStayedOverloaded)
 	}
-	d.Stay, d.Move = c.Stay, c.Move
+	d.Stay, d.Move, d.Evict = c.Stay, c.Move, c.Evict
 	return d
 }
 
@@ -607,7 +607,7 @@ func (r *Router) spill(e int32, from, p *replica, c SpillCost, now int64) Decisi
 	p.n.SpillAccepted++
 	p.addBacklog(int64(c.Context), now)
 	d := r.take(p, ReasonSpilled, e)
-	d.Previous, d.Stay, d.Move = from.id, c.Stay, c.Move
+	d.Previous, d.Stay, d.Move, d.Evict = from.id, c.Stay, c.Move, c.Evict
 	return d
 }
 
@@ -752,7 +752,7 @@ func (r *Router) again(req Request, h uint64, now int64, affinity bool) (Decisio
 		r.toFront(e, now)
 	}
 	d := r.takeSlot(p, prev.Reason, e)
-	d.Previous, d.Stay, d.Move = prev.Previous, prev.Stay, prev.Move
+	d.Previous, d.Stay, d.Move, d.Evict = prev.Previous, prev.Stay, prev.Move, prev.Evict
 	return d, true
 }
 

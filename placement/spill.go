@@ -52,14 +52,21 @@ type SpillCost struct {
 }
 
 // String renders the estimate as the route header gives it, e.g.
-// "stay 4.10s, move 2.05s".
+// "stay 4.10s, move 2.05s", or "stay 4.10s, move 3.05s (evicts 1.00s)"
+// when the move would push resident conversations' caches out.
 func (c SpillCost) String() string {
-	b := make([]byte, 0, 32)
+	b := make([]byte, 0, 48)
 	b = append(b, "stay "...)
 	b = strconv.AppendFloat(b, c.Stay.Seconds(), 'f', 2, 64)
 	b = append(b, "s, move "...)
 	b = strconv.AppendFloat(b, c.Move.Seconds(), 'f', 2, 64)
-	return string(append(b, 's'))
+	b = append(b, 's')
+	if c.Evict > 0 {
+		b = append(b, " (evicts "...)
+		b = strconv.AppendFloat(b, c.Evict.Seconds(), 'f', 2, 64)
+		b = append(b, "s)"...)
+	}
+	return string(b)
 }
 
 // prefillRate returns p's prefill rate in tokens per second.

@@ -472,6 +472,9 @@ func TestSpillEvicts(t *testing.T) {
 			if d.Replica != tc.want || c.Evict != tc.evict || c.Move != 4*time.Second+tc.evict {
 				t.Fatalf("went to %s (%s), evict %v, move %v; want %s, evict %v", d.Replica, d.Reason, c.Evict, c.Move, tc.want, tc.evict)
 			}
+			if d.Evict != c.Evict || d.Move != c.Move {
+				t.Errorf("decision carries move %v, evict %v; recorded %v, %v", d.Move, d.Evict, c.Move, c.Evict)
+			}
 		})
 	}
 }
@@ -509,5 +512,20 @@ func TestPlacementWaitsLeast(t *testing.T) {
 				t.Fatalf("placed on %s (%s), want %s", d.Replica, d.Reason, tc.want)
 			}
 		})
+	}
+}
+
+func TestSpillCostString(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		c    SpillCost
+		want string
+	}{
+		{SpillCost{Stay: 4100 * time.Millisecond, Move: 2050 * time.Millisecond}, "stay 4.10s, move 2.05s"},
+		{SpillCost{Stay: 4100 * time.Millisecond, Move: 3050 * time.Millisecond, Evict: time.Second}, "stay 4.10s, move 3.05s (evicts 1.00s)"},
+	} {
+		if got := tc.c.String(); got != tc.want {
+			t.Errorf("%+v: %q, want %q", tc.c, got, tc.want)
+		}
 	}
 }

@@ -410,8 +410,9 @@ func runningMean(m *float64, x float64, n uint64, span int) {
 }
 
 // oversize reports whether a new conversation of est tokens fits no
-// usable replica even with nothing else resident: over the high-water
-// mark of every replica's capacity. It is placed at once on the emptiest
+// usable replica even with nothing else resident: its part a replica does
+// not share already (see uncachedStart) over the high-water mark of every
+// replica's capacity. It is placed at once on the emptiest
 // replica (see emptiest) rather than waiting for room that cannot appear.
 // a.mu held.
 func (a *admission) oversize(est int64) bool {
@@ -423,7 +424,7 @@ func (a *admission) oversize(est int64) bool {
 		}
 		found = true
 		c := a.capacity(p)
-		if c <= 0 || est-min(int64(p.base), est/2) <= int64(a.cfg.HighWater*float64(c)) {
+		if c <= 0 || uncachedStart(est, int64(p.base)) <= int64(a.cfg.HighWater*float64(c)) {
 			return false
 		}
 	}

@@ -116,12 +116,7 @@
 //
 // # Placement score
 //
-// Rules 4, 5 and 6 choose among candidate replicas where a turn would wait
-// (see "Spill cost": its place in the batch, then the long prefills sent
-// there ahead of it) no more than SpillMargin longer than on the candidate
-// where it would wait least — a replica running few turns but still
-// prefilling a long history just sent there is no better place for the
-// next one — by comparing, in order:
+// Rules 4, 5 and 6 choose among candidate replicas by comparing, in order:
 //
 //  1. not over the threshold before over it;
 //  2. fewer running (as defined above);
@@ -131,9 +126,7 @@
 //     decision, and the first of equals wins, so a burst of new conversations
 //     on an idle model spreads evenly.
 //
-// Each placement scans all replicas once (twice, in the rare case that the
-// best by these comparisons would wait longer than the margin allows):
-// linear in their number.
+// Each placement scans all replicas once: linear in their number.
 //
 // # Unknown figures
 //

@@ -2,10 +2,7 @@ package placement
 
 // The replicas as the router knows them, and the picks among them.
 
-import (
-	"math"
-	"sync/atomic"
-)
+import "sync/atomic"
 
 // replica is the Router's state for one replica ID. A removed replica is
 // only marked absent at first, so bindings and outstanding decisions can
@@ -210,8 +207,7 @@ func (r *Router) best(now int64, skip *replica, underOnly bool) *replica {
 }
 
 // bestWith returns the usable replica with the best placement score among
-// those ok accepts and where a turn would wait (see wait) no more than
-// SpillMargin longer than on the one where it would wait least.
+// those ok accepts.
 func (r *Router) bestWith(now int64, ok func(*replica) bool) *replica {
 	n := len(r.order)
 	if n == 0 {
@@ -219,24 +215,11 @@ func (r *Router) bestWith(now int64, ok func(*replica) bool) *replica {
 	}
 	r.rr++
 	start := int(r.rr % uint32(n))
-	best, bWait, least := r.bestUnder(now, start, ok, math.Inf(1))
-	if limit := least + r.cfg.SpillMargin.Seconds(); bWait > limit {
-		// rare: the best by load would wait longer than another
-		best, _, _ = r.bestUnder(now, start, ok, limit)
-	}
-	return best
-}
-
-// bestUnder is bestWith's walk from start in the rotation order: the best
-// by placement score of the usable replicas ok accepts where a turn waits
-// no more than limit seconds, its wait, and the least wait of all of them.
-func (r *Router) bestUnder(now int64, start int, ok func(*replica) bool, limit float64) (best *replica, bWait, least float64) {
-	n := len(r.order)
 	cutoff := now - int64(r.cfg.ActiveWindow)
+	var best *replica
 	var bOver, bKVKnown bool
 	var bRun, bAct int
 	var bKV float64
-	least = math.Inf(1)
 	for k := 0; k < n; k++ {
 		j := start + k
 		if j >= n {
@@ -246,35 +229,37 @@ func (r *Router) bestUnder(now int64, start int, ok func(*replica) bool, limit f
 		if !r.usable(p) || !ok(p) {
 			continue
 		}
-		w := r.wait(p, now, 0)
-		least = min(least, w)
-		if w > limit {
-			continue
-		}
 		run := p.running()
 		over := run > r.threshold
 		r.expireActive(p, cutoff)
 		act, kv, kvKnown := p.active, p.kv(), p.kvKnown()
-		switch {
-		case best == nil:
-		case over != bOver:
-			if over {
-				continue
-			}
-		case run != bRun:
-			if run > bRun {
-				continue
-			}
-		case act != bAct:
-			if act > bAct {
-				continue
-			}
-		// KV decides only between two known figures: an unknown one is
-		// no information, so the tie stays with the rotation order.
-		case !kvKnown || !bKVKnown || kv >= bKV:
+		if best == nil {
+			best, bOver, bRun, bAct, bKV, bKVKnown = p, over, run, act, kv, kvKnown
 			continue
 		}
-		best, bWait, bOver, bRun, bAct, bKV, bKVKnown = p, w, over, run, act, kv, kvKnown
+		if over != bOver {
+			if !over {
+				best, bOver, bRun, bAct, bKV, bKVKnown = p, over, run, act, kv, kvKnown
+			}
+			continue
+		}
+		if run != bRun {
+			if run < bRun {
+				best, bOver, bRun, bAct, bKV, bKVKnown = p, over, run, act, kv, kvKnown
+			}
+			continue
+		}
+		if act != bAct {
+			if act < bAct {
+				best, bOver, bRun, bAct, bKV, bKVKnown = p, over, run, act, kv, kvKnown
+			}
+			continue
+		}
+		// KV decides only between two known figures: an unknown one is no
+		// information, so the tie stays with the rotation order.
+		if kvKnown && bKVKnown && kv < bKV {
+			best, bOver, bRun, bAct, bKV, bKVKnown = p, over, run, act, kv, kvKnown
+		}
 	}
-	return best, bWait, least
+	return best
 }

@@ -479,42 +479,6 @@ func TestSpillEvicts(t *testing.T) {
 	}
 }
 
-// A new conversation is not placed where it would wait SpillMargin longer
-// than elsewhere, however few turns run there: a long prefill just sent to
-// the least loaded replica is ahead of it.
-func TestPlacementWaitsLeast(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct {
-		name    string
-		backlog int // tokens of the first conversation, placed on r0
-		want    string
-	}{
-		// 1,000 tokens at 2,000 tok/s: 0.5 s ahead, within the margin:
-		// the fewest turns running decides
-		{"a short prefill ahead: the fewest running", 1000, "r0"},
-		// 60,000 tokens: 30 s ahead on r0, none on r1
-		{"a long prefill ahead: where it waits least", 60000, "r1"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			r := newTestRouter(2, Config{SpillThreshold: 8})
-			r.UpdateLoad("r1", running(2))
-			first, err := r.Route(Request{Key: "long", Tokens: tc.backlog, Exclude: []string{"r1"}, Now: t0})
-			if err != nil || first.Replica != "r0" {
-				t.Fatalf("first conversation: %s, %v", first.Replica, err)
-			}
-			defer first.Release()
-			d, err := r.Route(Request{Key: "next", Tokens: 1000, Now: t0})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer d.Release()
-			if d.Replica != tc.want || d.Reason != ReasonPlaced {
-				t.Fatalf("placed on %s (%s), want %s", d.Replica, d.Reason, tc.want)
-			}
-		})
-	}
-}
-
 func TestSpillCostString(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {

@@ -77,6 +77,7 @@ type admission struct {
 
 	turnFP recent // footprints of recent turns (peak)
 	gaps   recent // recent pauses between turns, in milliseconds
+	ages   recent // conversations' ages at their recent turns' ends, in milliseconds (ran)
 }
 
 const (
@@ -242,15 +243,16 @@ func (a *admission) residentSet(p *replica, now int64) (own, shared int64) {
 	return ws, int64(p.base)
 }
 
-// fits reports whether a new conversation of est tokens may be placed on p
-// at now: p holds nothing yet, sits idle by its engine's figures (see
-// idle), or its KV holds what its conversations and the new one need at
-// the same time (see absorbs). The part p already shares among its
-// conversations (the system prompt) is assumed shared by the new one too
-// when est holds it; a conversation whose first request is shorter than
-// that part cannot hold it (another client's), and counts whole. It
+// fits reports whether a new conversation of est tokens, whose first
+// request has waited waited nanoseconds for room (0: it just came), may be
+// placed on p at now: p holds nothing yet, sits idle by its engine's
+// figures (see idle), or its KV holds what its conversations and the new
+// one need at the same time (see absorbs). The part p already shares
+// among its conversations (the system prompt) is assumed shared by the new
+// one too when est holds it; a conversation whose first request is shorter
+// than that part cannot hold it (another client's), and counts whole. It
 // updates p's full state for the card. a.mu held.
-func (a *admission) fits(p *replica, est int64, now int64) bool {
+func (a *admission) fits(p *replica, est, now, waited int64) bool {
 	c := a.capacity(p)
 	if c <= 0 {
 		return false // not polled yet: its room is not known
@@ -262,7 +264,7 @@ func (a *admission) fits(p *replica, est int64, now int64) bool {
 	high := a.markFull(p, ws, c)
 	// everything counted whole fits: so it does at any share (absorbs
 	// would say so, at the cost of another walk of the resident set)
-	return ws == 0 || ws+est <= high || a.idle(p, now) || a.absorbs(p, first, est, now, high)
+	return ws == 0 || ws+est <= high || a.idle(p, now) || a.absorbs(p, first, est, now, high, waited)
 }
 
 // uncachedStart is the part of a new conversation's first request of est
@@ -277,29 +279,72 @@ func uncachedStart(est, base int64) int64 {
 }
 
 // absorbs reports whether p's KV holds what its conversations need at the
-// same time, now and as they come and go. Now: the new conversation's
-// first turn (first tokens) beside the turns in flight there at their
-// present sizes: it runs beside them, and where they do not fit together
-// the engine preempts one. As they come and go: each conversation (the new
-// one at est, what conversations grow to) has a turn in flight a share of
-// the time, turn/(turn + pause), with turn p's mean turn time
-// (DefaultTurnTime before one ended) and pause the conversation's longest
-// pause between turns (what conversations pause, before it paused); the
-// KV they need at once is then on average Σ size × share, and it must
-// hold that plus one standard deviation (Σ size² × share × (1 − share)),
-// or all of them whole where that is less. Conversations that pause long
-// against their turns leave room most of the time: a new one placed beside
-// them runs now, at the price of re-prefills when a paused one's cache was
-// evicted, where holding it back costs its compute time for certain. The
-// deviation keeps a few large conversations that are in flight most of
-// the time (agents with short tool pauses, or turns queueing in an
-// overloaded engine, which lengthens every turn) counted nearly whole:
-// there the average alone admitted one too many and cost a sixth of the
-// output (sim --preset 7gpu, 26 sessions). Without pauses every share is 1
-// and this is the working-set rule itself. a.mu held.
-func (a *admission) absorbs(p *replica, first, est, now, high int64) bool {
-	inFlight, load := a.demand(p, first, est, now, a.projected)
-	return inFlight <= high && load <= float64(high)
+// same time, now and as they come and go, or whether the new conversation
+// has waited longer than its coming in would cost them.
+//
+// Now: the new conversation's first turn (first tokens) beside the turns
+// in flight there at their present sizes: it runs beside them, and where
+// they do not fit together the engine preempts one. As they come and go:
+// each conversation (the new one at est, what conversations grow to) has a
+// turn in flight a share of the time, turn/(turn + pause), with turn p's
+// mean turn time (DefaultTurnTime before one ended) and pause the
+// conversation's longest pause between turns (what conversations pause,
+// before it paused); the KV they need at once is then on average Σ size ×
+// share (the mean), and it must hold that plus one standard deviation
+// (Σ size² × share × (1 − share)), or all of them whole where that is
+// less. Without pauses every share is 1 and this is the working-set rule
+// itself.
+//
+// Where only the deviation overflows — the mean fits, so the KV runs short
+// only at moments when more of them are in flight than on average — the
+// new conversation is one candidate and waiting another, compared in
+// seconds: coming in costs the resident conversations the recompute of
+// what the overflow pushes out of the cache each time they come back, for
+// as long as conversations run (evictCost); waiting costs the new one its
+// further wait, estimated by the wait it has shown (waited: a conversation
+// that has waited w is, with nothing else known, as likely as not to wait
+// w more). It comes in once the wait exceeds the recompute, and only
+// where it is feasible at once: the engine queues nothing (by its own
+// account its KV and batch have room: no request waiting, see kvQueued)
+// and the resident conversations at their present sizes, with its first
+// request, fit. Where the mean itself overflows, the KV runs short every
+// cycle and time-slicing would pause a conversation for it: it waits.
+// a.mu held.
+func (a *admission) absorbs(p *replica, first, est, now, high, waited int64) bool {
+	inFlight, load, mean := a.demand(p, first, est, now, a.projected)
+	switch over := load - float64(high); {
+	case inFlight > high:
+		return false
+	case over <= 0:
+		return true
+	case mean > float64(high), waited <= 0,
+		p.waitingKnown() && p.waiting() > 0, a.kvQueued(p),
+		a.evictCost(p, over) > float64(waited)/1e9:
+		return false
+	}
+	_, present, _ := a.demand(p, first, first, now, a.footprint)
+	return present <= float64(high)
+}
+
+// evictCost is what over tokens of p's resident conversations' caches
+// pushed out of its KV cost them, in seconds, while a new conversation
+// placed there stays: they compute them again at p's rate each time they
+// come back (a turn and a pause apart), for as long as conversations run
+// (ran). a.mu held.
+func (a *admission) evictCost(p *replica, over float64) float64 {
+	cycle := p.turnTime() + float64(a.gaps.quantile())/1e3
+	return over / p.prefillRate() * a.ran() / cycle
+}
+
+// ran is how long conversations run, in seconds: the peakQuantile of their
+// ages (since their first request) at the ends of the recent turns, as
+// peak is what they grow to; AdmitWindow before meanSpan turns ended.
+// a.mu held.
+func (a *admission) ran() float64 {
+	if a.ages.n < meanSpan {
+		return a.cfg.AdmitWindow.Seconds()
+	}
+	return float64(a.ages.quantile()) / 1e3
 }
 
 // demand is the KV p's conversations need at once (see absorbs), with a
@@ -314,7 +359,7 @@ func (a *admission) absorbs(p *replica, first, est, now, high int64) bool {
 // its KV, find room there and overfill it further (the fleet at 40
 // sessions did so until every turn recomputed its history); the walk goes
 // past the horizon until it has met the replica's heldN turns. a.mu held.
-func (a *admission) demand(p *replica, first, est, now int64, size func(*entry) int64) (inFlight int64, load float64) {
+func (a *admission) demand(p *replica, first, est, now int64, size func(*entry) int64) (inFlight int64, load, mean float64) {
 	turn := p.turnTime()
 	typical := float64(a.gaps.quantile()) / 1e3
 	inFlight = int64(p.base) + first
@@ -347,7 +392,7 @@ func (a *admission) demand(p *replica, first, est, now int64, size func(*entry) 
 		whole += sz
 		vr += sz * sz * sh * (1 - sh)
 	}
-	return inFlight, min(whole, avg+math.Sqrt(vr))
+	return inFlight, min(whole, avg+math.Sqrt(vr)), avg
 }
 
 // pastHorizon is how a walk of p's conversations, most recent first,
@@ -548,6 +593,7 @@ func (a *admission) ended(s *slot, now int64) {
 				// the pause is measured from the turn's end, with
 				// admission on or off
 				a.refresh(s.ent, now)
+				a.ages.add((now - en.born) / int64(time.Millisecond))
 				ended = s.ent
 			}
 		}
@@ -755,7 +801,7 @@ func (a *admission) estimated(e int32, est int64) {
 // allows reports whether a conversation of est tokens may go to p: it
 // fits there, or admission is not in force. a.mu held.
 func (a *admission) allows(p *replica, est, now int64) bool {
-	return !a.on || a.fits(p, est, now)
+	return !a.on || a.fits(p, est, now, 0)
 }
 
 // admitQueued admits waiting tickets in arrival order; a ticket that has
@@ -802,7 +848,7 @@ func (a *admission) admitQueued(now int64) int {
 			n++
 			continue
 		}
-		p, fitted := a.do.bestFor(now, t.est)
+		p, fitted := a.do.bestFor(now, t.est, now-t.enq)
 		if !fitted {
 			break
 		}

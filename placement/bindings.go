@@ -21,6 +21,7 @@ type entry struct {
 	start        uint64 // fingerprint of the conversation's start; 0 = unknown
 	prev         uint64 // the start a restart replaced (side.go); 0 = none
 	prompt       uint32 // prompt tokens of its last finished turn; 0 = none yet
+	born         int64  // unix nanos of its first request here or elsewhere (admission.ran)
 
 	// For working-set admission (admission.go): the conversation's context
 	// in tokens (the last finished turn's prompt + completion, or an
@@ -91,7 +92,7 @@ func (r *Router) insert(h uint64, p *replica, now int64, start uint64) int32 {
 		e = int32(len(r.b.ents))
 		r.b.ents = append(r.b.ents, entry{})
 	}
-	r.b.ents[e] = entry{hash: h, last: now, rep: p.idx, gprev: nilIdx, gnext: nilIdx, rprev: nilIdx, rnext: nilIdx, start: start}
+	r.b.ents[e] = entry{hash: h, last: now, rep: p.idx, gprev: nilIdx, gnext: nilIdx, rprev: nilIdx, rnext: nilIdx, start: start, born: now}
 	r.b.idx[h] = e
 	r.b.n++
 	r.gpushFront(e)

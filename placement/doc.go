@@ -257,8 +257,17 @@
 // conversation runs beside paused ones now, at the price of re-prefills
 // where their caches are evicted, instead of losing its compute time
 // waiting. Queueing in an overloaded engine lengthens the turns and so
-// raises every share. ReplicaSnapshot.Full shows the working set at the
-// mark, until it falls below (HighWater − AdmitHysteresis) × capacity.
+// raises every share. Where only the deviation overflows (the mean fits),
+// coming in and waiting are compared in seconds: coming in costs the
+// resident conversations the recompute of what the overflow pushes out of
+// their caches, at the replica's rate, once per turn and pause, for as
+// long as conversations run (the 90th percentile of their ages at their
+// turns' ends); waiting costs the new conversation its further wait,
+// estimated by its wait so far. It comes in once that wait is the larger,
+// where the engine queues nothing and the conversations at their present
+// sizes fit beside its first request. ReplicaSnapshot.Full shows the
+// working set at the mark, until it falls below (HighWater −
+// AdmitHysteresis) × capacity.
 // Where it fits nowhere, Admit returns a Ticket: the request waits, in
 // arrival order (a later new conversation never overtakes an earlier one;
 // it may overtake a paused conversation's turn that fits nowhere, see

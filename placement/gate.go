@@ -18,7 +18,7 @@ type placer interface {
 	// bestFor returns the best replica for a conversation of est tokens:
 	// the best one it fits on (fitted), else the best by score (see
 	// Router.bestFor).
-	bestFor(now, est int64) (p *replica, fitted bool)
+	bestFor(now, est, waited int64) (p *replica, fitted bool)
 	// lookup returns the live binding of key hash h (nilIdx: none).
 	lookup(h uint64, now int64) int32
 	// forget drops the binding e.

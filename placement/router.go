@@ -559,7 +559,7 @@ func (r *Router) placeNew(req Request, h, parent uint64, now int64, queue bool) 
 	}
 	if p == nil {
 		var fitted bool
-		if p, fitted = r.bestFor(now, est); p == nil {
+		if p, fitted = r.bestFor(now, est, 0); p == nil {
 			return Decision{}, nil, ErrNoReplica
 		}
 		if r.adm.on && !fitted && r.adm.oversize(est) {
@@ -579,10 +579,10 @@ func (r *Router) placeNew(req Request, h, parent uint64, now int64, queue bool) 
 // admission the best one it fits on (fitted), else, or when it fits
 // nowhere, the best by score; nil when no replica can be chosen (see
 // lenientPick). r.mu held.
-func (r *Router) bestFor(now, est int64) (p *replica, fitted bool) {
+func (r *Router) bestFor(now, est, waited int64) (p *replica, fitted bool) {
 	if r.adm.on {
 		if p = r.lenientPick(func() *replica {
-			return r.bestWith(now, func(q *replica) bool { return r.adm.fits(q, est, now) })
+			return r.bestWith(now, func(q *replica) bool { return r.adm.fits(q, est, now, waited) })
 		}); p != nil {
 			return p, true
 		}
@@ -627,7 +627,7 @@ func (r *Router) replace(e int32, from *replica, now int64, reason Reason) (Deci
 		if r.adm.on {
 			est = r.adm.projected(&r.b.ents[e])
 		}
-		if p, _ = r.bestFor(now, est); p == nil {
+		if p, _ = r.bestFor(now, est, 0); p == nil {
 			return Decision{}, ErrNoReplica
 		}
 	}

@@ -86,7 +86,7 @@ func (a *admission) resumeTarget(e int32, now int64) *replica {
 		}
 		// under the low mark: a conversation resumed at the high one
 		// would be paused again after its next turn
-		inFlight, load := a.demand(q, fp, fp, now, a.footprint)
+		inFlight, load, _ := a.demand(q, fp, fp, now, a.footprint)
 		low := (a.cfg.HighWater - AdmitHysteresis) * float64(c)
 		return min(low-float64(inFlight), low-load)
 	}
@@ -108,7 +108,7 @@ func (a *admission) resumeTarget(e int32, now int64) *replica {
 // actualLoad is p's demand by its conversations' actual sizes (see
 // demand). a.mu held.
 func (a *admission) actualLoad(p *replica, now int64) float64 {
-	_, load := a.demand(p, 0, 0, now, a.footprint)
+	_, load, _ := a.demand(p, 0, 0, now, a.footprint)
 	return load
 }
 

@@ -206,7 +206,7 @@ func TestTimeSlicing(t *testing.T) {
 				// 4.1k + 6.6k on a 10k replica, and a has run one turn
 				r.mu.Lock()
 				e := r.b.idx[r.hash("a")]
-				_, load := r.adm.demand(r.reps[0], 0, 0, unixNanos(now), r.footprint)
+				_, load, _ := r.adm.demand(r.reps[0], 0, 0, unixNanos(now), r.footprint)
 				r.adm.maybePause(e, unixNanos(now))
 				r.mu.Unlock()
 				if load <= 10000 {

@@ -45,10 +45,9 @@ var MatrixKnownLosses = map[string]string{
 	"think 20s/16": "ThunderAgent pauses idle conversations and keeps the resident ones' caches (hits 76 % against 55 % " +
 		"over the scorecard's 3-minute stages), at 0.56× the default's output: the default counts a conversation pausing 20 s " +
 		"at its share of the time in flight, admits all 16, and their 224k tokens thrash 147k of KV",
-	"h100/24": "ThunderAgent admits new conversations at once and pauses running ones at tool boundaries; " +
-		"the default holds the new ones at the router (first-turn TTFB p95 above 100 s) with replicas' room unused",
-	"h100 closed loop/24": "as h100 at 24 sessions: holding new conversations costs more output than " +
-		"ThunderAgent's pausing of running ones at their tool boundaries",
+	"h100 closed loop/24": "ThunderAgent admits new conversations at once and pauses running ones at their tool " +
+		"boundaries; every conversation is in flight all the time, so the default's average demand overflows the KV and " +
+		"new ones wait at the router (first-turn TTFB p95 above 100 s)",
 }
 
 // KnownLoss returns the cause of a known loss at that regime stage, or "".

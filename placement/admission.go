@@ -305,7 +305,7 @@ func uncachedStart(est, base int64) int64 {
 // that has waited w is, with nothing else known, as likely as not to wait
 // w more). It comes in once the wait exceeds the recompute, and only
 // where it is feasible at once: the engine queues nothing (by its own
-// account its KV and batch have room: no request waiting, see kvQueued)
+// account its KV and batch have room: no request waiting)
 // and the resident conversations at their present sizes, with its first
 // request, fit. Where the mean itself overflows, the KV runs short every
 // cycle and time-slicing would pause a conversation for it: it waits.
@@ -317,8 +317,7 @@ func (a *admission) absorbs(p *replica, first, est, now, high, waited int64) boo
 		return false
 	case over <= 0:
 		return true
-	case mean > float64(high), waited <= 0,
-		p.waitingKnown() && p.waiting() > 0, a.kvQueued(p),
+	case mean > float64(high), waited <= 0, p.waitingKnown() && p.waiting() > 0,
 		a.evictCost(p, over) > float64(waited)/1e9:
 		return false
 	}

@@ -257,6 +257,10 @@ func admissionRow(a placement.AdmissionSnapshot) AdmissionRow {
 		Refused: a.Refused, Cancelled: a.Cancelled,
 		WorkingSetTokens: a.WorkingSetTokens, CapacityTokens: a.CapacityTokens,
 		RotateTurns: a.RotateTurns, Paused: a.Paused, PausedTotal: a.PausedTotal, QueuedTurns: a.QueuedTurns,
+		Recent: make([]AdmitRow, 0, len(a.Recent)),
+	}
+	for _, c := range a.Recent {
+		row.Recent = append(row.Recent, AdmitRow{At: c.At.UTC(), To: c.To, WaitS: c.Wait.Seconds(), EvictS: c.Evict.Seconds()})
 	}
 	if a.Resumed > 0 {
 		row.PausedWaitP50S = optional(a.PausedWaitP50.Seconds())
@@ -275,6 +279,7 @@ type (
 	ModelSummary = card.ModelSummary
 	Card         = card.Card
 	SpillRow     = card.SpillRow
+	AdmitRow     = card.AdmitRow
 	AdmissionRow = card.AdmissionRow
 	ReplicaRow   = card.ReplicaRow
 	TokenCount   = card.TokenCount

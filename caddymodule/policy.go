@@ -36,6 +36,9 @@ const RankHeader = "X-Data-Parallel-Rank"
 // and on the replica it could move to: "10.0.0.5:8001; spill-declined;
 // stay 0.40s, move 6.20s", with "(evicts 1.20s)" when part of the move's
 // cost is the recompute it forces on the target's resident conversations.
+// A new conversation that admission let in once its wait outgrew the
+// recompute its coming in forces on the resident conversations adds both:
+// "10.0.0.5:8001; placed; wait 15.00s, evicts 3.20s".
 const RouteHeader = "X-LM-Warden-Route"
 
 // WaitHeader is the response header, sent with RouteHeader, of a request
@@ -740,13 +743,8 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 		reason = 0
 	}
 	if p.routeHeader && w != nil {
-		route := at.routes[reason]
-		if dec.Stay != 0 || dec.Move != 0 {
-			// a turn over the threshold: the estimates that decided it
-			route += "; " + placement.SpillCost{Stay: dec.Stay, Move: dec.Move, Evict: dec.Evict}.String()
-		}
 		// the two headers' values share one allocation
-		vals := []string{route, strconv.FormatFloat(dec.Expect.Seconds(), 'f', 3, 64)}
+		vals := []string{routeValue(at.routes[reason], dec), strconv.FormatFloat(dec.Expect.Seconds(), 'f', 3, 64)}
 		w.Header()[routeHeaderKey] = vals[0:1:1]
 		w.Header()[expectHeaderKey] = vals[1:2:2]
 		if held != nil {
@@ -758,6 +756,22 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 		vars[VarReason] = reasonVars[reason]
 	}
 	return pool[at.up]
+}
+
+// routeValue is RouteHeader's value for dec, whose replica and reason are
+// route ("10.0.0.5:8001; sticky"): with the costs in seconds that decided
+// it where two candidates were compared.
+func routeValue(route string, dec placement.Decision) string {
+	switch {
+	case dec.Stay != 0 || dec.Move != 0:
+		// a turn over the threshold: staying against moving
+		return route + "; " + placement.SpillCost{Stay: dec.Stay, Move: dec.Move, Evict: dec.Evict}.String()
+	case dec.Wait != 0:
+		// a new conversation let in once its wait outgrew what its
+		// coming in costs the resident conversations
+		return route + "; " + placement.AdmitCost{Wait: dec.Wait, Evict: dec.Evict}.String()
+	}
+	return route
 }
 
 // Interface guards

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strconv"
 	"time"
 )
 
@@ -74,6 +75,11 @@ type admission struct {
 	// long the last of those waited, in milliseconds (timeslice.go)
 	pausedTotal, queuedTurns uint64
 	pausedWaits              recent
+
+	// the last admissions the wait candidate's comparison decided
+	// (absorbs), for the card
+	admitLog [recentSpills]AdmitCost
+	admitN   int
 
 	turnFP recent // footprints of recent turns (peak)
 	gaps   recent // recent pauses between turns, in milliseconds
@@ -253,9 +259,18 @@ func (a *admission) residentSet(p *replica, now int64) (own, shared int64) {
 // than that part cannot hold it (another client's), and counts whole. It
 // updates p's full state for the card. a.mu held.
 func (a *admission) fits(p *replica, est, now, waited int64) bool {
+	ok, _ := a.fitsAt(p, est, now, waited)
+	return ok
+}
+
+// fitsAt is fits, with the recompute in seconds that the new
+// conversation's coming in costs p's resident conversations where that
+// cost, compared with its wait, decided (see absorbs); 0 where it fits
+// without pushing anything out.
+func (a *admission) fitsAt(p *replica, est, now, waited int64) (ok bool, evict float64) {
 	c := a.capacity(p)
 	if c <= 0 {
-		return false // not polled yet: its room is not known
+		return false, 0 // not polled yet: its room is not known
 	}
 	own, base := a.residentSet(p, now)
 	ws := own + base
@@ -264,7 +279,10 @@ func (a *admission) fits(p *replica, est, now, waited int64) bool {
 	high := a.markFull(p, ws, c)
 	// everything counted whole fits: so it does at any share (absorbs
 	// would say so, at the cost of another walk of the resident set)
-	return ws == 0 || ws+est <= high || a.idle(p, now) || a.absorbs(p, first, est, now, high, waited)
+	if ws == 0 || ws+est <= high || a.idle(p, now) {
+		return true, 0
+	}
+	return a.absorbs(p, first, est, now, high, waited)
 }
 
 // uncachedStart is the part of a new conversation's first request of est
@@ -309,20 +327,24 @@ func uncachedStart(est, base int64) int64 {
 // and the resident conversations at their present sizes, with its first
 // request, fit. Where the mean itself overflows, the KV runs short every
 // cycle and time-slicing would pause a conversation for it: it waits.
+// evict is the recompute compared where the comparison decided, else 0.
 // a.mu held.
-func (a *admission) absorbs(p *replica, first, est, now, high, waited int64) bool {
+func (a *admission) absorbs(p *replica, first, est, now, high, waited int64) (ok bool, evict float64) {
 	inFlight, load, mean := a.demand(p, first, est, now, a.projected)
-	switch over := load - float64(high); {
+	over := load - float64(high)
+	switch {
 	case inFlight > high:
-		return false
+		return false, 0
 	case over <= 0:
-		return true
-	case mean > float64(high), waited <= 0, p.waitingKnown() && p.waiting() > 0,
-		a.evictCost(p, over) > float64(waited)/1e9:
-		return false
+		return true, 0
+	case mean > float64(high), waited <= 0, p.waitingKnown() && p.waiting() > 0:
+		return false, 0
+	}
+	if evict = a.evictCost(p, over); evict > float64(waited)/1e9 {
+		return false, evict
 	}
 	_, present, _ := a.demand(p, first, first, now, a.footprint)
-	return present <= float64(high)
+	return present <= float64(high), evict
 }
 
 // evictCost is what over tokens of p's resident conversations' caches
@@ -851,7 +873,18 @@ func (a *admission) admitQueued(now int64) int {
 		if !fitted {
 			break
 		}
+		var c AdmitCost
+		if now > t.enq {
+			// the comparison that let it in, if one did
+			_, evict := a.fitsAt(p, t.est, now, now-t.enq)
+			c = AdmitCost{At: time.Unix(0, now), To: p.id, Wait: time.Duration(now - t.enq), Evict: time.Duration(evict * 1e9)}
+		}
 		a.admitTicket(t, p, now, false)
+		if c.Evict > 0 && t.dec.s != nil {
+			t.dec.Wait, t.dec.Evict = c.Wait, c.Evict
+			a.admitLog[a.admitN%recentSpills] = c
+			a.admitN++
+		}
 		n++
 	}
 	return n
@@ -915,6 +948,10 @@ type AdmissionSnapshot struct {
 	// waited (0 before any).
 	Resumed                      uint64
 	PausedWaitP50, PausedWaitP95 time.Duration
+	// Recent are the last new conversations admitted because their wait
+	// outgrew what their coming in costs the resident conversations
+	// (Decision.Wait), oldest first.
+	Recent []AdmitCost
 	// The replicas' working sets and KV capacities, summed, and the KV
 	// their engines report in use (EngineKVTokens, -1 when no engine
 	// exports its gauge).
@@ -968,7 +1005,35 @@ func (a *admission) snapshot() AdmissionSnapshot {
 	for _, t := range a.queue {
 		s.WaitingTokens += t.est
 	}
+	n := min(a.admitN, recentSpills)
+	s.Recent = make([]AdmitCost, 0, n)
+	for i := a.admitN - n; i < a.admitN; i++ {
+		s.Recent = append(s.Recent, a.admitLog[i%recentSpills])
+	}
 	return s
+}
+
+// AdmitCost is one admission the wait candidate decided: a new
+// conversation that had waited Wait came in on To, where its coming in
+// pushes Evict seconds of recompute onto the resident conversations (see
+// the package doc, "Admission"), because Wait, its further wait by its
+// wait so far, exceeded it.
+type AdmitCost struct {
+	At    time.Time
+	To    string
+	Wait  time.Duration
+	Evict time.Duration
+}
+
+// String renders the comparison as the route header gives it, e.g.
+// "wait 15.00s, evicts 3.20s".
+func (c AdmitCost) String() string {
+	b := make([]byte, 0, 32)
+	b = append(b, "wait "...)
+	b = strconv.AppendFloat(b, c.Wait.Seconds(), 'f', 2, 64)
+	b = append(b, "s, evicts "...)
+	b = strconv.AppendFloat(b, c.Evict.Seconds(), 'f', 2, 64)
+	return string(append(b, 's'))
 }
 
 // add sums one replica's working set ws, capacity c, engine's KV in use

@@ -22,6 +22,11 @@ type Decision struct {
 	// otherwise. Evict is the part of Move that the recompute the move
 	// forces on the target's resident conversations makes up.
 	Stay, Move, Evict time.Duration
+	// Wait is set for a new conversation that admission let in where its
+	// coming in pushes part of the resident conversations' caches out:
+	// the further wait compared (its wait so far) against Evict, the
+	// recompute that costs them (see AdmitCost); zero otherwise.
+	Wait time.Duration
 	// Expect is the turn's expected time to first token on Replica from
 	// this decision, by the same model (see the package doc, "Spill
 	// cost"): its wait there, then the prefill of what it is expected to

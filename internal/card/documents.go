@@ -110,6 +110,20 @@ type AdmissionRow struct {
 	// p95 of the last 128; null before any.
 	PausedWaitP50S *float64 `json:"paused_wait_p50_s"`
 	PausedWaitP95S *float64 `json:"paused_wait_p95_s"`
+	// Recent are the last new conversations let in once their wait
+	// outgrew the recompute their coming in forces on the resident
+	// conversations (the two compared, in seconds), oldest first.
+	Recent []AdmitRow `json:"recent"`
+}
+
+// AdmitRow is one admission the comparison of waiting with coming in
+// decided: the conversation had waited wait_s on the replica to, where
+// its coming in costs the resident conversations evict_s of recompute.
+type AdmitRow struct {
+	At     time.Time `json:"at"`
+	To     string    `json:"to"`
+	WaitS  float64   `json:"wait_s"`
+	EvictS float64   `json:"evict_s"`
 }
 
 // ReplicaRow is one replica's row of the card.

@@ -398,6 +398,10 @@ func uiAdmission(a AdmissionRow) uiVal {
 		}
 		t += ")"
 	}
+	for _, c := range a.Recent {
+		t += "\nlet in on " + c.To + " after " + humanize.FtoaWithDigits(c.WaitS, 1) + " s: evicts " +
+			humanize.FtoaWithDigits(c.EvictS, 1) + " s of the residents' cache"
+	}
 	return uiVal{V: a.Waiting, T: t}
 }
 

@@ -251,26 +251,31 @@ func (a *admission) residentSet(p *replica, now int64) (own, shared int64) {
 
 // fits reports whether a new conversation of est tokens, whose first
 // request has waited waited nanoseconds for room (0: it just came), may be
-// placed on p at now: p holds nothing yet, sits idle by its engine's
-// figures (see idle), or its KV holds what its conversations and the new
-// one need at the same time (see absorbs). The part p already shares
-// among its conversations (the system prompt) is assumed shared by the new
-// one too when est holds it; a conversation whose first request is shorter
-// than that part cannot hold it (another client's), and counts whole. It
-// updates p's full state for the card. a.mu held.
+// placed on p at now: its coming in costs p's resident conversations no
+// more than its further wait (see enterCost). a.mu held.
 func (a *admission) fits(p *replica, est, now, waited int64) bool {
-	ok, _ := a.fitsAt(p, est, now, waited)
-	return ok
+	return a.enterCost(p, est, now, waited) <= float64(waited)/1e9
 }
 
-// fitsAt is fits, with the recompute in seconds that the new
-// conversation's coming in costs p's resident conversations where that
-// cost, compared with its wait, decided (see absorbs); 0 where it fits
-// without pushing anything out.
-func (a *admission) fitsAt(p *replica, est, now, waited int64) (ok bool, evict float64) {
+// enterCost is what a new conversation of est tokens costs p's resident
+// conversations, in seconds, by coming in there at now: 0 where p holds
+// nothing yet, sits idle by its engine's figures (see idle), or its KV
+// holds what its conversations and the new one need at the same time;
+// where only the deviation of that need overflows, the recompute its
+// coming in forces on them (see absorbs); +Inf where it may not come in
+// now: p's capacity is not known yet, the mean of that need overflows,
+// its engine queues, or the turns in flight there do not leave its first
+// request room. waited (nanoseconds its first request has waited) bounds
+// the work: a recompute known to exceed it is returned without the last
+// check. The part p already shares among its conversations (the system
+// prompt) is assumed shared by the new one too when est holds it; a
+// conversation whose first request is shorter than that part cannot hold
+// it (another client's), and counts whole. It updates p's full state for
+// the card. a.mu held.
+func (a *admission) enterCost(p *replica, est, now, waited int64) float64 {
 	c := a.capacity(p)
 	if c <= 0 {
-		return false, 0 // not polled yet: its room is not known
+		return math.Inf(1) // not polled yet: its room is not known
 	}
 	own, base := a.residentSet(p, now)
 	ws := own + base
@@ -280,7 +285,7 @@ func (a *admission) fitsAt(p *replica, est, now, waited int64) (ok bool, evict f
 	// everything counted whole fits: so it does at any share (absorbs
 	// would say so, at the cost of another walk of the resident set)
 	if ws == 0 || ws+est <= high || a.idle(p, now) {
-		return true, 0
+		return 0
 	}
 	return a.absorbs(p, first, est, now, high, waited)
 }
@@ -296,55 +301,55 @@ func uncachedStart(est, base int64) int64 {
 	return est
 }
 
-// absorbs reports whether p's KV holds what its conversations need at the
-// same time, now and as they come and go, or whether the new conversation
-// has waited longer than its coming in would cost them.
+// absorbs is enterCost where the new conversation does not fit counted
+// whole: it compares what p's conversations need at the same time, now
+// and as they come and go, with p's high-water mark high.
 //
 // Now: the new conversation's first turn (first tokens) beside the turns
 // in flight there at their present sizes: it runs beside them, and where
-// they do not fit together the engine preempts one. As they come and go:
-// each conversation (the new one at est, what conversations grow to) has a
-// turn in flight a share of the time, turn/(turn + pause), with turn p's
-// mean turn time (DefaultTurnTime before one ended) and pause the
+// they do not fit together the engine preempts one (+Inf). As they come
+// and go: each conversation (the new one at est, what conversations grow
+// to) has a turn in flight a share of the time, turn/(turn + pause), with
+// turn p's mean turn time (DefaultTurnTime before one ended) and pause the
 // conversation's longest pause between turns (what conversations pause,
 // before it paused); the KV they need at once is then on average Σ size ×
 // share (the mean), and it must hold that plus one standard deviation
 // (Σ size² × share × (1 − share)), or all of them whole where that is
-// less. Without pauses every share is 1 and this is the working-set rule
-// itself.
+// less: then it costs nothing. Without pauses every share is 1 and this
+// is the working-set rule itself.
 //
-// Where only the deviation overflows — the mean fits, so the KV runs short
-// only at moments when more of them are in flight than on average — the
-// new conversation is one candidate and waiting another, compared in
-// seconds: coming in costs the resident conversations the recompute of
-// what the overflow pushes out of the cache each time they come back, for
-// as long as conversations run (evictCost); waiting costs the new one its
-// further wait, estimated by the wait it has shown (waited: a conversation
-// that has waited w is, with nothing else known, as likely as not to wait
-// w more). It comes in once the wait exceeds the recompute, and only
-// where it is feasible at once: the engine queues nothing (by its own
-// account its KV and batch have room: no request waiting)
-// and the resident conversations at their present sizes, with its first
-// request, fit. Where the mean itself overflows, the KV runs short every
-// cycle and time-slicing would pause a conversation for it: it waits.
-// evict is the recompute compared where the comparison decided, else 0.
-// a.mu held.
-func (a *admission) absorbs(p *replica, first, est, now, high, waited int64) (ok bool, evict float64) {
+// Where only the deviation overflows — the mean fits, so the KV runs
+// short only at moments when more of them are in flight than on average —
+// coming in costs the resident conversations the recompute of what the
+// overflow pushes out of the cache each time they come back, for as long
+// as conversations run (evictCost), set against the new one's further
+// wait by fits: the wait it has shown (waited: a conversation that has
+// waited w is, with nothing else known, as likely as not to wait w more).
+// It is a cost only where coming in is feasible at once: the engine
+// queues nothing (by its own account its KV and batch have room: no
+// request waiting) and the resident conversations at their present
+// sizes, with its first request, fit; else +Inf. Where the mean itself
+// overflows, the KV runs short every cycle and time-slicing would pause a
+// conversation for it: +Inf. a.mu held.
+func (a *admission) absorbs(p *replica, first, est, now, high, waited int64) float64 {
 	inFlight, load, mean := a.demand(p, first, est, now, a.projected)
 	over := load - float64(high)
 	switch {
 	case inFlight > high:
-		return false, 0
+		return math.Inf(1)
 	case over <= 0:
-		return true, 0
-	case mean > float64(high), waited <= 0, p.waitingKnown() && p.waiting() > 0:
-		return false, 0
+		return 0
+	case mean > float64(high), p.waitingKnown() && p.waiting() > 0:
+		return math.Inf(1)
 	}
-	if evict = a.evictCost(p, over); evict > float64(waited)/1e9 {
-		return false, evict
+	evict := a.evictCost(p, over)
+	if evict > float64(waited)/1e9 {
+		return evict // it waits: the last check cannot change that
 	}
-	_, present, _ := a.demand(p, first, first, now, a.footprint)
-	return present <= float64(high), evict
+	if _, present, _ := a.demand(p, first, first, now, a.footprint); present > float64(high) {
+		return math.Inf(1)
+	}
+	return evict
 }
 
 // evictCost is what over tokens of p's resident conversations' caches
@@ -869,18 +874,15 @@ func (a *admission) admitQueued(now int64) int {
 			n++
 			continue
 		}
-		p, fitted := a.do.bestFor(now, t.est, now-t.enq)
+		p, enter, fitted := a.do.bestFor(now, t.est, now-t.enq)
 		if !fitted {
 			break
 		}
-		var c AdmitCost
-		if now > t.enq {
-			// the comparison that let it in, if one did
-			_, evict := a.fitsAt(p, t.est, now, now-t.enq)
-			c = AdmitCost{At: time.Unix(0, now), To: p.id, Wait: time.Duration(now - t.enq), Evict: time.Duration(evict * 1e9)}
-		}
 		a.admitTicket(t, p, now, false)
-		if c.Evict > 0 && t.dec.s != nil {
+		if enter > 0 && t.dec.s != nil {
+			// let in by the comparison with its wait: the card and the
+			// route header show both costs
+			c := AdmitCost{At: time.Unix(0, now), To: p.id, Wait: time.Duration(now - t.enq), Evict: time.Duration(enter * 1e9)}
 			t.dec.Wait, t.dec.Evict = c.Wait, c.Evict
 			a.admitLog[a.admitN%recentSpills] = c
 			a.admitN++

@@ -116,7 +116,9 @@
 //
 // # Placement score
 //
-// Rules 4, 5 and 6 choose among candidate replicas by comparing, in order:
+// Rules 4, 5 and 6 choose among candidate replicas by comparing, in order
+// (under admission a new conversation first by what its coming in costs,
+// in seconds: see "Admission"):
 //
 //  1. not over the threshold before over it;
 //  2. fewer running (as defined above);
@@ -257,15 +259,24 @@
 // conversation runs beside paused ones now, at the price of re-prefills
 // where their caches are evicted, instead of losing its compute time
 // waiting. Queueing in an overloaded engine lengthens the turns and so
-// raises every share. Where only the deviation overflows (the mean fits),
-// coming in and waiting are compared in seconds: coming in costs the
-// resident conversations the recompute of what the overflow pushes out of
-// their caches, at the replica's rate, once per turn and pause, for as
-// long as conversations run (the 90th percentile of their ages at their
-// turns' ends); waiting costs the new conversation its further wait,
-// estimated by its wait so far. It comes in once that wait is the larger,
-// where the engine queues nothing and the conversations at their present
-// sizes fit beside its first request. ReplicaSnapshot.Full shows the
+// raises every share.
+//
+// In seconds: each replica is a candidate whose cost is what the new
+// conversation's coming in costs the conversations resident there — 0
+// where it fits as above; where only the deviation overflows (the mean
+// fits), the recompute of what the overflow pushes out of their caches,
+// at the replica's rate, once per turn and pause, for as long as
+// conversations run (the 90th percentile of their ages at their turns'
+// ends), provided the engine queues nothing and the conversations at
+// their present sizes fit beside its first request; unbounded where the
+// mean overflows (the KV runs short every cycle), the engine queues, or
+// the turns in flight leave its first request no room. Waiting is the
+// other candidate: its cost is the new conversation's further wait,
+// estimated by its wait so far (0 for a request that just came). It comes
+// in on the cheapest replica (the best by score among equals) when that
+// costs no more than waiting; Decision.Wait and Decision.Evict then carry
+// both figures where the cost was not 0 (AdmissionSnapshot.Recent keeps
+// the last eight). ReplicaSnapshot.Full shows the
 // working set at the mark, until it falls below (HighWater −
 // AdmitHysteresis) × capacity.
 // Where it fits nowhere, Admit returns a Ticket: the request waits, in

@@ -16,9 +16,10 @@ type placer interface {
 	// Router.lenientPick); nil when there is none.
 	pick(now int64) *replica
 	// bestFor returns the best replica for a conversation of est tokens:
-	// the best one it fits on (fitted), else the best by score (see
-	// Router.bestFor).
-	bestFor(now, est, waited int64) (p *replica, fitted bool)
+	// the one where it is cheapest to come in, at a cost no greater than
+	// its wait (fitted; enter is that cost in seconds), else the best by
+	// score (see Router.bestFor).
+	bestFor(now, est, waited int64) (p *replica, enter float64, fitted bool)
 	// lookup returns the live binding of key hash h (nilIdx: none).
 	lookup(h uint64, now int64) int32
 	// forget drops the binding e.

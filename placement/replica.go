@@ -2,7 +2,10 @@ package placement
 
 // The replicas as the router knows them, and the picks among them.
 
-import "sync/atomic"
+import (
+	"math"
+	"sync/atomic"
+)
 
 // replica is the Router's state for one replica ID. A removed replica is
 // only marked absent at first, so bindings and outstanding decisions can
@@ -209,14 +212,25 @@ func (r *Router) best(now int64, skip *replica, underOnly bool) *replica {
 // bestWith returns the usable replica with the best placement score among
 // those ok accepts.
 func (r *Router) bestWith(now int64, ok func(*replica) bool) *replica {
+	p, _ := r.cheapestBy(now, func(q *replica) float64 {
+		if ok(q) {
+			return 0
+		}
+		return math.Inf(1)
+	})
+	return p
+}
+
+// cheapestBy returns the usable replica of least cost (in seconds; +Inf:
+// not a candidate), the best placement score among equals, and its cost.
+func (r *Router) cheapestBy(now int64, cost func(*replica) float64) (best *replica, bCost float64) {
 	n := len(r.order)
 	if n == 0 {
-		return nil
+		return nil, 0
 	}
 	r.rr++
 	start := int(r.rr % uint32(n))
 	cutoff := now - int64(r.cfg.ActiveWindow)
-	var best *replica
 	var bOver, bKVKnown bool
 	var bRun, bAct int
 	var bKV float64
@@ -226,40 +240,40 @@ func (r *Router) bestWith(now int64, ok func(*replica) bool) *replica {
 			j -= n
 		}
 		p := r.reps[r.order[j]]
-		if !r.usable(p) || !ok(p) {
+		if !r.usable(p) {
+			continue
+		}
+		c := cost(p)
+		if math.IsInf(c, 1) {
+			continue
+		}
+		r.expireActive(p, cutoff)
+		if best != nil && c > bCost {
 			continue
 		}
 		run := p.running()
 		over := run > r.threshold
-		r.expireActive(p, cutoff)
 		act, kv, kvKnown := p.active, p.kv(), p.kvKnown()
-		if best == nil {
-			best, bOver, bRun, bAct, bKV, bKVKnown = p, over, run, act, kv, kvKnown
-			continue
-		}
-		if over != bOver {
-			if !over {
-				best, bOver, bRun, bAct, bKV, bKVKnown = p, over, run, act, kv, kvKnown
+		switch {
+		case best == nil || c < bCost:
+		case over != bOver:
+			if over {
+				continue
 			}
-			continue
-		}
-		if run != bRun {
-			if run < bRun {
-				best, bOver, bRun, bAct, bKV, bKVKnown = p, over, run, act, kv, kvKnown
+		case run != bRun:
+			if run > bRun {
+				continue
 			}
-			continue
-		}
-		if act != bAct {
-			if act < bAct {
-				best, bOver, bRun, bAct, bKV, bKVKnown = p, over, run, act, kv, kvKnown
+		case act != bAct:
+			if act > bAct {
+				continue
 			}
+		// KV decides only between two known figures: an unknown one is
+		// no information, so the tie stays with the rotation order.
+		case !kvKnown || !bKVKnown || kv >= bKV:
 			continue
 		}
-		// KV decides only between two known figures: an unknown one is no
-		// information, so the tie stays with the rotation order.
-		if kvKnown && bKVKnown && kv < bKV {
-			best, bOver, bRun, bAct, bKV, bKVKnown = p, over, run, act, kv, kvKnown
-		}
+		best, bCost, bOver, bRun, bAct, bKV, bKVKnown = p, c, over, run, act, kv, kvKnown
 	}
-	return best
+	return best, bCost
 }

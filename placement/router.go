@@ -3,6 +3,7 @@ package placement
 import (
 	"errors"
 	"hash/maphash"
+	"math"
 	"sync/atomic"
 	"time"
 )
@@ -559,7 +560,7 @@ func (r *Router) placeNew(req Request, h, parent uint64, now int64, queue bool) 
 	}
 	if p == nil {
 		var fitted bool
-		if p, fitted = r.bestFor(now, est, 0); p == nil {
+		if p, _, fitted = r.bestFor(now, est, 0); p == nil {
 			return Decision{}, nil, ErrNoReplica
 		}
 		if r.adm.on && !fitted && r.adm.oversize(est) {
@@ -575,19 +576,36 @@ func (r *Router) placeNew(req Request, h, parent uint64, now int64, queue bool) 
 	return r.place(h, req.Start, p, est, req.Tokens, now), nil, nil
 }
 
-// bestFor returns the best replica for a conversation of est tokens: under
-// admission the best one it fits on (fitted), else, or when it fits
-// nowhere, the best by score; nil when no replica can be chosen (see
+// bestFor returns the best replica for a conversation of est tokens, whose
+// first request has waited waited nanoseconds: under admission the one
+// where its coming in costs the resident conversations least (see
+// admission.enterCost), at most its further wait (fitted, with that cost
+// in seconds), the best by score among equals; else, or when that is
+// nowhere, the best by score. nil when no replica can be chosen (see
 // lenientPick). r.mu held.
-func (r *Router) bestFor(now, est, waited int64) (p *replica, fitted bool) {
+func (r *Router) bestFor(now, est, waited int64) (p *replica, enter float64, fitted bool) {
 	if r.adm.on {
-		if p = r.lenientPick(func() *replica {
-			return r.bestWith(now, func(q *replica) bool { return r.adm.fits(q, est, now, waited) })
+		if p = r.lenientPick(func() (q *replica) {
+			q, enter = r.cheapest(now, est, waited)
+			return q
 		}); p != nil {
-			return p, true
+			return p, enter, true
 		}
 	}
-	return r.pick(now), false
+	return r.pick(now), 0, false
+}
+
+// cheapest is bestFor's pick under admission: the usable replica where the
+// new conversation's coming in costs least, if that is no more than its
+// wait, and that cost. r.mu held.
+func (r *Router) cheapest(now, est, waited int64) (*replica, float64) {
+	bound := float64(waited) / 1e9
+	return r.cheapestBy(now, func(q *replica) float64 {
+		if c := r.adm.enterCost(q, est, now, waited); c <= bound {
+			return c
+		}
+		return math.Inf(1)
+	})
 }
 
 // spillTarget returns the best replica other than from that ok accepts and,
@@ -627,7 +645,7 @@ func (r *Router) replace(e int32, from *replica, now int64, reason Reason) (Deci
 		if r.adm.on {
 			est = r.adm.projected(&r.b.ents[e])
 		}
-		if p, _ = r.bestFor(now, est, 0); p == nil {
+		if p, _, _ = r.bestFor(now, est, 0); p == nil {
 			return Decision{}, ErrNoReplica
 		}
 	}

@@ -90,9 +90,10 @@
 //  3. Key bound to an available replica that is not over the threshold →
 //     ReasonSticky.
 //
-//  4. Key bound to a replica over the threshold → the target is the best
-//     placement among the other replicas that are not over the threshold,
-//     or, when every other one is, the best of those. If moving pays (see
+//  4. Key bound to a replica over the threshold → the target is the
+//     other replica not over the threshold where the move costs least
+//     (see "Spill cost"; the best placement score among equals), or, when
+//     every other one is over it, the cheapest of those. If moving pays (see
 //     "Spill cost"), the conversation is re-bound there, ReasonSpilled
 //     (counted as spill-accepted at the target). Otherwise, or with no
 //     target at all, the turn stays: ReasonSpillDeclined when the target

@@ -485,7 +485,7 @@ func (r *Router) decide(req Request, h, parent uint64, now int64, queue bool) (D
 		return r.overThreshold(e, bound, req.Tokens, now), nil, nil
 	}
 	if k := r.cfg.SpillWaiting; k > 0 && bound.waitingKnown() && bound.waiting() >= k {
-		if p := r.spillTarget(e, bound, now, func(q *replica) bool {
+		if p := r.spillTarget(e, bound, req.Tokens, now, func(q *replica) bool {
 			return q.waitingKnown() && q.waiting() == 0 && q.running() <= r.threshold
 		}); p != nil {
 			if c, ok := r.pays(e, bound, p, req.Tokens, now); ok {
@@ -502,10 +502,10 @@ func (r *Router) decide(req Request, h, parent uint64, now int64, queue bool) (D
 // doc); otherwise it stays. r.mu held.
 func (r *Router) overThreshold(e int32, bound *replica, tokens int, now int64) Decision {
 	under := true
-	p := r.spillTarget(e, bound, now, func(q *replica) bool { return q.running() <= r.threshold })
+	p := r.spillTarget(e, bound, tokens, now, func(q *replica) bool { return q.running() <= r.threshold })
 	if p == nil {
 		under = false
-		p = r.spillTarget(e, bound, now, func(*replica) bool { return true })
+		p = r.spillTarget(e, bound, tokens, now, func(*replica) bool { return true })
 	}
 	if p == nil {
 		bound.n.StayedOverloaded++
@@ -608,14 +608,23 @@ func (r *Router) cheapest(now, est, waited int64) (*replica, float64) {
 	})
 }
 
-// spillTarget returns the best replica other than from that ok accepts and,
-// under admission, on which the conversation of entry e fits. r.mu held.
-func (r *Router) spillTarget(e int32, from *replica, now int64, ok func(*replica) bool) *replica {
+// spillTarget returns, among the replicas other than from that ok accepts
+// and, under admission, on which the conversation of entry e fits, the
+// one where moving its turn of tokens tokens costs least (see moveCost),
+// the best by placement score among equals. r.mu held.
+func (r *Router) spillTarget(e int32, from *replica, tokens int, now int64, ok func(*replica) bool) *replica {
 	var fp int64
 	if r.adm.on {
 		fp = r.adm.projected(&r.b.ents[e])
 	}
-	return r.bestWith(now, func(q *replica) bool { return q != from && ok(q) && r.adm.allows(q, fp, now) })
+	p, _ := r.cheapestBy(now, func(q *replica) float64 {
+		if q == from || !ok(q) || !r.adm.allows(q, fp, now) {
+			return math.Inf(1)
+		}
+		move, _, _ := r.moveCost(e, q, tokens, now)
+		return move
+	})
+	return p
 }
 
 // spill moves the conversation of entry e from its replica to p, where it

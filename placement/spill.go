@@ -200,13 +200,8 @@ func (r *Router) recompute(e int32, q *replica, tokens int) int64 {
 // conversations (evicts). It records the decision for Snapshot and
 // returns the estimate.
 func (r *Router) pays(e int32, from, q *replica, tokens int, now int64) (SpillCost, bool) {
-	ctx := r.recompute(e, q, tokens)
 	stay := r.wait(from, now, 0)
-	evict := r.evicts(q, ctx, now)
-	move := r.wait(q, now, 0) + float64(ctx)/q.prefillRate() + evict
-	if !r.room(q, ctx) {
-		move += q.turnTime()
-	}
+	move, evict, ctx := r.moveCost(e, q, tokens, now)
 	c := SpillCost{
 		At: time.Unix(0, now), From: from.id, To: q.id, Context: int(ctx),
 		Stay: time.Duration(stay * 1e9), Move: time.Duration(move * 1e9),
@@ -216,6 +211,20 @@ func (r *Router) pays(e int32, from, q *replica, tokens int, now int64) (SpillCo
 	r.spillLog[r.spillN%recentSpills] = c
 	r.spillN++
 	return c, c.Moved
+}
+
+// moveCost is what moving the turn of entry e, of tokens tokens, to q
+// costs at now, in seconds (see pays), the part of it the recompute forced
+// on q's resident conversations makes up (evicts), and the tokens q would
+// recompute. r.mu held.
+func (r *Router) moveCost(e int32, q *replica, tokens int, now int64) (move, evict float64, ctx int64) {
+	ctx = r.recompute(e, q, tokens)
+	evict = r.evicts(q, ctx, now)
+	move = r.wait(q, now, 0) + float64(ctx)/q.prefillRate() + evict
+	if !r.room(q, ctx) {
+		move += q.turnTime()
+	}
+	return move, evict, ctx
 }
 
 // room reports whether q's KV cache, by its engine's gauge, has room for

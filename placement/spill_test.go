@@ -54,6 +54,20 @@ func TestSpillCost(t *testing.T) {
 			move: 3 * time.Second,
 		},
 		{
+			// r1 is the better by placement score (no conversation
+			// there), r2 the cheaper to move to
+			name: "the move goes where it costs least, not where the score points",
+			n:    3, cfg: Config{SpillThreshold: 2},
+			setup: func(t *testing.T, r *Router) {
+				bindTo(t, r, "k", "r0", t0)
+				teach(t, r, "other", "r2", 20000, time.Second, 5*time.Second)
+				r.UpdateLoad("r0", queued(3, 6))
+			},
+			req:  Request{Key: "k", Tokens: 60000},
+			want: "r2", reason: ReasonSpilled,
+			move: 3 * time.Second,
+		},
+		{
 			name: "the engine's count of the context wins over the request's estimate",
 			n:    2, cfg: Config{SpillThreshold: 2},
 			setup: func(t *testing.T, r *Router) {

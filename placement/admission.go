@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"strconv"
 	"time"
 )
 
@@ -1030,12 +1029,7 @@ type AdmitCost struct {
 // String renders the comparison as the route header gives it, e.g.
 // "wait 15.00s, evicts 3.20s".
 func (c AdmitCost) String() string {
-	b := make([]byte, 0, 32)
-	b = append(b, "wait "...)
-	b = strconv.AppendFloat(b, c.Wait.Seconds(), 'f', 2, 64)
-	b = append(b, "s, evicts "...)
-	b = strconv.AppendFloat(b, c.Evict.Seconds(), 'f', 2, 64)
-	return string(append(b, 's'))
+	return string(appendSeconds(appendSeconds(make([]byte, 0, 32), "wait ", c.Wait), ", evicts ", c.Evict))
 }
 
 // add sums one replica's working set ws, capacity c, engine's KV in use

@@ -55,18 +55,20 @@ type SpillCost struct {
 // "stay 4.10s, move 2.05s", or "stay 4.10s, move 3.05s (evicts 1.00s)"
 // when the move would push resident conversations' caches out.
 func (c SpillCost) String() string {
-	b := make([]byte, 0, 48)
-	b = append(b, "stay "...)
-	b = strconv.AppendFloat(b, c.Stay.Seconds(), 'f', 2, 64)
-	b = append(b, "s, move "...)
-	b = strconv.AppendFloat(b, c.Move.Seconds(), 'f', 2, 64)
-	b = append(b, 's')
+	b := appendSeconds(make([]byte, 0, 48), "stay ", c.Stay)
+	b = appendSeconds(b, ", move ", c.Move)
 	if c.Evict > 0 {
-		b = append(b, " (evicts "...)
-		b = strconv.AppendFloat(b, c.Evict.Seconds(), 'f', 2, 64)
-		b = append(b, "s)"...)
+		b = append(appendSeconds(b, " (evicts ", c.Evict), ')')
 	}
 	return string(b)
+}
+
+// appendSeconds appends label and d in seconds as the route header gives
+// costs: "stay 4.10s".
+func appendSeconds(b []byte, label string, d time.Duration) []byte {
+	b = append(b, label...)
+	b = strconv.AppendFloat(b, d.Seconds(), 'f', 2, 64)
+	return append(b, 's')
 }
 
 // prefillRate returns p's prefill rate in tokens per second.

@@ -362,3 +362,80 @@ func TestQueueOrder(t *testing.T) {
 		checkInvariants(t, r)
 	})
 }
+
+// TestPausePays: where only the deviation of a replica's demand
+// overflows, a conversation at the end of its turn is paused only when its
+// staying costs the residents more recompute, for as long as conversations
+// run, than pausing costs it: its context again. A measured wait to
+// resume does not count.
+func TestPausePays(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		window time.Duration // how long conversations are taken to run, before their ages are known
+		waited time.Duration // a paused turn's wait to resume, measured (0: none yet)
+		paused bool
+	}{
+		{"conversations run a minute: the overflow's recompute outweighs the context's", time.Minute, 0, true},
+		{"conversations run 10 s: the context's recompute outweighs the overflow's", 10 * time.Second, 0, false},
+		{"paused turns wait 10 s to resume: the same", time.Minute, 10 * time.Second, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := admitRouter(1, 10000, Config{AdmitWindow: tc.window})
+			if tc.waited > 0 {
+				r.mu.Lock()
+				r.adm.pausedWaits.add(tc.waited.Milliseconds())
+				r.mu.Unlock()
+			}
+			// a, b and c: 4.5k each, 2 s turns 2 s apart, out of step,
+			// prefilled at 20k tokens/s: on average half of them in
+			// flight (6.75k), one standard deviation more overflows 10k;
+			// from their second turn on (minRunsOver) one may be paused
+			keys := []string{"a", "b", "c"}
+			var ds [3]Decision
+			now := t0
+			for i := range 3 {
+				for k, key := range keys {
+					at := now.Add(time.Duration(k) * 1300 * time.Millisecond)
+					req := Request{Key: key, Tokens: 4500 + 10*i, Now: at}
+					if i == 0 {
+						req.Pin = "r0"
+					}
+					d, tk, err := r.Admit(req)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if tk != nil {
+						if !tc.paused || !isPaused(r, key) {
+							t.Fatalf("%s's turn %d waits (paused %v); want no pause", key, i, isPaused(r, key))
+						}
+						return
+					}
+					ds[k] = d
+				}
+				if i == 1 {
+					r.mu.Lock()
+					_, load, mean := r.adm.demand(r.reps[0], 0, 0, r.clock, r.adm.footprint)
+					r.mu.Unlock()
+					if mean > 10000 || load <= 10000 {
+						t.Fatalf("mean %.0f, mean + deviation %.0f: want only the deviation over 10k", mean, load)
+					}
+				}
+				for k, key := range keys {
+					end := now.Add(time.Duration(k)*1300*time.Millisecond + 2*time.Second)
+					prompt, cached := 4500+10*i, 0
+					if i > 0 {
+						cached = prompt - 10
+					}
+					r.Feedback(Turn{Key: key, Replica: "r0", Reason: ds[k].Reason, Prompt: prompt, Cached: cached, Completion: 10,
+						Duration: 2 * time.Second, FirstToken: time.Duration(prompt-cached) * time.Second / 20000})
+					ds[k].ReleaseAt(end)
+				}
+				now = now.Add(4 * time.Second)
+			}
+			if tc.paused {
+				t.Fatal("nobody was paused; want one paused for the others")
+			}
+		})
+	}
+}

@@ -303,12 +303,11 @@
 // conversations need more KV at once than it holds, by their actual sizes
 // (the demand above, each at its context now, not what conversations grow
 // to), or when the engine queues requests while other conversations stay
-// there. Where only the deviation of that demand overflows (its mean
-// fits), staying and pausing are compared in seconds: staying costs the
-// resident conversations the recompute of the overflow, as for a
-// newcomer's coming in; pausing costs the conversation its context
-// computed again (its wait to resume is the others' gain); it pauses when
-// staying costs at least as much. There is no quantum by default: a conversation that fits runs
+// there, and only when staying costs at least what pausing does, in
+// seconds: staying costs the resident conversations the recompute of the
+// overflow, as for a newcomer's coming in; pausing costs the conversation
+// its context computed again (its wait to resume is the others' gain).
+// There is no quantum by default: a conversation that fits runs
 // on, whoever waits (Config.RotateTurns sets one). A paused conversation
 // leaves its replica's working set; its next turn waits in the same
 // queue, in the same order, as a new conversation's first request, and

@@ -24,13 +24,14 @@ const (
 // which has run minRunsOver turns since it was admitted (it paid a prefill
 // to come in), when its engine queues for KV while others stay, or when
 // its replica's conversations need more KV at once than it holds (see
-// demand, by their actual sizes) and staying costs more than pausing: its
-// room goes to those that stay. Where the mean of that need overflows, the
-// KV runs short every cycle: it pauses. Where only its deviation does,
-// the two are compared in seconds: staying costs the resident
+// demand, by their actual sizes) and staying costs at least what pausing
+// does: its room goes to those that stay. Staying costs the resident
 // conversations the recompute of the overflow, for as long as
 // conversations run (evictCost); pausing costs this one its context
-// computed again (its cache may be gone when it resumes). Its wait to
+// computed again (its cache may be gone when it resumes). Where the mean
+// of the need overflows, the KV runs short every cycle and staying always
+// cost more (sim --matrix --modes default decided alike, every cell, with
+// a rule that paused there without comparing). Its wait to
 // resume is no cost of the comparison: in a replica that cannot hold
 // them all, the turns that do not wait for it wait less (with the
 // median paused turn's wait counted, the fleet preset at 40 agents, as
@@ -67,20 +68,14 @@ func (a *admission) maybePause(e int32, now int64) {
 	}
 }
 
-// pausePays reports whether pausing the conversation of en costs less than
-// its staying on p, whose high-water mark is high tokens (see
+// pausePays reports whether pausing the conversation of en costs no more
+// than its staying on p, whose high-water mark is high tokens (see
 // maybePause). The demand is taken now, by the sizes the engine just
 // counted: a figure kept from before this turn grew its conversation
 // would rule a pause out that is due. a.mu held.
 func (a *admission) pausePays(en *entry, p *replica, now int64, high float64) bool {
-	_, load, mean := a.demand(p, 0, 0, now, a.footprint)
-	switch {
-	case load <= high:
-		return false
-	case mean > high:
-		return true
-	}
-	return a.evictCost(p, load-high) >= float64(a.footprint(en))/p.prefillRate()
+	_, load, _ := a.demand(p, 0, 0, now, a.footprint)
+	return load > high && a.evictCost(p, load-high) >= float64(a.footprint(en))/p.prefillRate()
 }
 
 // queueTurn queues the turn of the paused conversation of entry e: it

@@ -677,3 +677,31 @@ func TestUncachedStart(t *testing.T) {
 		}
 	}
 }
+
+// TestPinnedTurnsLearnPauses: a conversation whose every turn names its
+// replica (a client that pins) pauses between turns as any other, and its
+// pauses count: it leaves its replica's working set twice its pause after
+// a turn, not the whole admit window.
+func TestPinnedTurnsLearnPauses(t *testing.T) {
+	t.Parallel()
+	r := admitRouter(2, 100000, Config{AdmitWindow: time.Minute})
+	now := t0
+	for i := range 3 {
+		d, tk, err := r.Admit(Request{Key: "a", Pin: "r1", Tokens: 5000 + 100*i, Now: now})
+		if err != nil || tk != nil || d.Replica != "r1" {
+			t.Fatalf("turn %d: %s, %v, ticket %v", i, d.Replica, err, tk)
+		}
+		now = now.Add(time.Second)
+		finishTurn(r, "a", d, now, 5000+100*i, 5000*min(i, 1), 100)
+		now = now.Add(5 * time.Second) // a pause of 5 s
+	}
+	end := now.Add(-5 * time.Second) // the last turn's end
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if got := r.adm.workingSet(r.reps[1], unixNanos(end.Add(9*time.Second))); got == 0 {
+		t.Fatal("9 s after its turn, with 5 s pauses: not counted")
+	}
+	if got := r.adm.workingSet(r.reps[1], unixNanos(end.Add(11*time.Second))); got != 0 {
+		t.Fatalf("11 s after its turn, with 5 s pauses: %d, want 0 (not the whole minute)", got)
+	}
+}

@@ -395,6 +395,10 @@ func (r *Router) decide(req Request, h, parent uint64, now int64, queue bool) (D
 			var prev string
 			e := nilIdx
 			if affinity {
+				if e0 := r.lookup(h, now); e0 != nilIdx {
+					// a turn as any other: its pause is learnt
+					r.adm.arrive(e0, req.Tokens, now)
+				}
 				prev, e = r.bind(h, p, now, req.Start)
 			}
 			p.n.ClientPinned++

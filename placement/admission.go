@@ -77,8 +77,7 @@ type admission struct {
 
 	// the last admissions the wait candidate's comparison decided
 	// (absorbs), for the card
-	admitLog [recentSpills]AdmitCost
-	admitN   int
+	admitLog lastN[AdmitCost]
 
 	turnFP recent // footprints of recent turns (peak)
 	gaps   recent // recent pauses between turns, in milliseconds
@@ -246,14 +245,6 @@ func (a *admission) residentSet(p *replica, now int64) (own, shared int64) {
 		return 0, 0
 	}
 	return ws, int64(p.base)
-}
-
-// fits reports whether a new conversation of est tokens, whose first
-// request has waited waited nanoseconds for room (0: it just came), may be
-// placed on p at now: its coming in costs p's resident conversations no
-// more than its further wait (see enterCost). a.mu held.
-func (a *admission) fits(p *replica, est, now, waited int64) bool {
-	return a.enterCost(p, est, now, waited) <= float64(waited)/1e9
 }
 
 // enterCost is what a new conversation of est tokens costs p's resident
@@ -823,10 +814,11 @@ func (a *admission) estimated(e int32, est int64) {
 	en.flags |= flagEstimated
 }
 
-// allows reports whether a conversation of est tokens may go to p: it
-// fits there, or admission is not in force. a.mu held.
+// allows reports whether a conversation of est tokens may go to p at once:
+// its coming in costs p's resident conversations nothing (see enterCost),
+// or admission is not in force. a.mu held.
 func (a *admission) allows(p *replica, est, now int64) bool {
-	return !a.on || a.fits(p, est, now, 0)
+	return !a.on || a.enterCost(p, est, now, 0) == 0
 }
 
 // admitQueued admits waiting tickets in arrival order; a ticket that has
@@ -883,8 +875,7 @@ func (a *admission) admitQueued(now int64) int {
 			// route header show both costs
 			c := AdmitCost{At: time.Unix(0, now), To: p.id, Wait: time.Duration(now - t.enq), Evict: time.Duration(enter * 1e9)}
 			t.dec.Wait, t.dec.Evict = c.Wait, c.Evict
-			a.admitLog[a.admitN%recentSpills] = c
-			a.admitN++
+			a.admitLog.add(c)
 		}
 		n++
 	}
@@ -1006,11 +997,7 @@ func (a *admission) snapshot() AdmissionSnapshot {
 	for _, t := range a.queue {
 		s.WaitingTokens += t.est
 	}
-	n := min(a.admitN, recentSpills)
-	s.Recent = make([]AdmitCost, 0, n)
-	for i := a.admitN - n; i < a.admitN; i++ {
-		s.Recent = append(s.Recent, a.admitLog[i%recentSpills])
-	}
+	s.Recent = a.admitLog.list()
 	return s
 }
 

@@ -3,7 +3,7 @@ package placement
 import "time"
 
 // The seam between the router and admission. The router asks admission
-// through admission's methods (fits, hold, ended, queueNew, …); admission
+// through admission's methods (enterCost, hold, ended, queueNew, …); admission
 // acts on the router only through placer, which the Router implements
 // here. Both read the fleet they share (fleet.go), and which replicas may
 // be chosen (fleet.usable).

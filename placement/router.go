@@ -145,8 +145,7 @@ type Router struct {
 	side map[uint64]sideStarts // recent side starts of bindings with flagSide, by hash (side.go)
 
 	// the last spill decisions (spill.go), a ring
-	spillLog [recentSpills]SpillCost
-	spillN   uint64
+	spillLog lastN[SpillCost]
 }
 
 // NewRouter returns a Router with cfg (defaults filled) and no replicas.

@@ -152,7 +152,7 @@ func (r *Router) Snapshot() Snapshot {
 		Since:          r.since,
 		Replicas:       make([]ReplicaSnapshot, 0, len(r.order)),
 		Admission:      r.adm.snapshot(),
-		RecentSpills:   r.recentSpillCosts(),
+		RecentSpills:   r.spillLog.list(),
 	}
 	if r.keyed > 0 {
 		s.StickyShare = float64(r.sticky) / float64(r.keyed)

@@ -16,7 +16,8 @@ const (
 	// DefaultTurnTime is how long a turn is assumed to hold its place in
 	// the engine's batch before one of the replica's turns finished.
 	DefaultTurnTime = 10 * time.Second
-	// recentSpills is how many spill decisions Snapshot reports.
+	// recentSpills is how many spill and admission decisions Snapshot
+	// reports of each.
 	recentSpills = 8
 )
 
@@ -210,8 +211,7 @@ func (r *Router) pays(e int32, from, q *replica, tokens int, now int64) (SpillCo
 		Evict: time.Duration(evict * 1e9),
 	}
 	c.Moved = stay > move+r.cfg.SpillMargin.Seconds()
-	r.spillLog[r.spillN%recentSpills] = c
-	r.spillN++
+	r.spillLog.add(c)
 	return c, c.Moved
 }
 
@@ -300,13 +300,23 @@ func (p *replica) learn(t Turn) {
 	}
 }
 
-// recentSpillCosts returns the last spill decisions, oldest first. r.mu
-// held.
-func (r *Router) recentSpillCosts() []SpillCost {
-	n := min(r.spillN, recentSpills)
-	out := make([]SpillCost, 0, n)
-	for i := r.spillN - n; i < r.spillN; i++ {
-		out = append(out, r.spillLog[i%recentSpills])
+// lastN keeps the last recentSpills decisions of a kind for Snapshot.
+type lastN[T any] struct {
+	v [recentSpills]T
+	n int
+}
+
+func (l *lastN[T]) add(x T) {
+	l.v[l.n%recentSpills] = x
+	l.n++
+}
+
+// list returns the decisions kept, oldest first.
+func (l *lastN[T]) list() []T {
+	n := min(l.n, recentSpills)
+	out := make([]T, 0, n)
+	for i := l.n - n; i < l.n; i++ {
+		out = append(out, l.v[i%recentSpills])
 	}
 	return out
 }

@@ -348,8 +348,13 @@ func (a *admission) absorbs(p *replica, first, est, now, high, waited int64) flo
 // come back (a turn and a pause apart), for as long as conversations run
 // (ran). a.mu held.
 func (a *admission) evictCost(p *replica, over float64) float64 {
-	cycle := p.turnTime() + float64(a.gaps.quantile())/1e3
-	return over / p.prefillRate() * a.ran() / cycle
+	return over / p.prefillRate() * a.cycles(p)
+}
+
+// cycles is how many times a conversation on p comes back, a turn and a
+// pause apart, while conversations run (ran). a.mu held.
+func (a *admission) cycles(p *replica) float64 {
+	return a.ran() / (p.turnTime() + float64(a.gaps.quantile())/1e3)
 }
 
 // ran is how long conversations run, in seconds: the peakQuantile of their

@@ -305,7 +305,9 @@
 // to), or when the engine queues requests while other conversations stay
 // there, and only when staying costs at least what pausing does, in
 // seconds: staying costs the resident conversations the recompute of the
-// overflow, as for a newcomer's coming in; pausing costs the conversation
+// overflow, as for a newcomer's coming in, and the engine's queue its
+// wait (a turn time per request held for KV, at every turn and pause,
+// while conversations run); pausing costs the conversation
 // its context computed again (its wait to resume is the others' gain).
 // There is no quantum by default: a conversation that fits runs
 // on, whoever waits (Config.RotateTurns sets one). A paused conversation

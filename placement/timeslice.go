@@ -22,13 +22,13 @@ const (
 
 // maybePause pauses the conversation of entry e, whose turn just ended and
 // which has run minRunsOver turns since it was admitted (it paid a prefill
-// to come in), when its engine queues for KV while others stay, or when
-// its replica's conversations need more KV at once than it holds (see
-// demand, by their actual sizes) and staying costs at least what pausing
-// does: its room goes to those that stay. Staying costs the resident
-// conversations the recompute of the overflow, for as long as
-// conversations run (evictCost); pausing costs this one its context
-// computed again (its cache may be gone when it resumes). Where the mean
+// to come in), when its replica's conversations need more KV at once than
+// it holds (see demand, by their actual sizes) or its engine queues for KV
+// while others stay, and staying costs at least what pausing does: its
+// room goes to those that stay. Staying costs the resident conversations
+// the recompute of the overflow and the engine's queue its wait, for as
+// long as conversations run (evictCost, queueCost); pausing costs this one
+// its context computed again (its cache may be gone when it resumes). Where the mean
 // of the need overflows, the KV runs short every cycle and staying always
 // cost more (sim --matrix --modes default decided alike, every cell, with
 // a rule that paused there without comparing). Its wait to
@@ -53,10 +53,7 @@ func (a *admission) maybePause(e int32, now int64) {
 		if c <= 0 {
 			return
 		}
-		// the engine confirms: requests wait in it for KV while others
-		// stay
-		queued := a.kvQueued(p) && a.othersResident(e, p, now)
-		if !queued && !a.pausePays(en, p, now, a.cfg.HighWater*float64(c)) {
+		if !a.pausePays(e, p, now, a.cfg.HighWater*float64(c)) {
 			return
 		}
 	}
@@ -68,14 +65,32 @@ func (a *admission) maybePause(e int32, now int64) {
 	}
 }
 
-// pausePays reports whether pausing the conversation of en costs no more
-// than its staying on p, whose high-water mark is high tokens (see
-// maybePause). The demand is taken now, by the sizes the engine just
-// counted: a figure kept from before this turn grew its conversation
-// would rule a pause out that is due. a.mu held.
-func (a *admission) pausePays(en *entry, p *replica, now int64, high float64) bool {
-	_, load, _ := a.demand(p, 0, 0, now, a.footprint)
-	return load > high && a.evictCost(p, load-high) >= float64(a.footprint(en))/p.prefillRate()
+// pausePays reports whether pausing the conversation of entry e costs no
+// more than its staying on p, whose high-water mark is high tokens (see
+// maybePause). Staying costs the overflow's recompute (evictCost) and,
+// where the engine queues requests for KV while other conversations stay
+// there, the queue's wait (queueCost); pausing costs the conversation its
+// context computed again. The demand is taken now, by the sizes the
+// engine just counted: a figure kept from before this turn grew its
+// conversation would rule a pause out that is due. a.mu held.
+func (a *admission) pausePays(e int32, p *replica, now int64, high float64) bool {
+	stay := 0.0
+	if _, load, _ := a.demand(p, 0, 0, now, a.footprint); load > high {
+		stay = a.evictCost(p, load-high)
+	}
+	if a.kvQueued(p) && a.othersResident(e, p, now) {
+		stay += a.queueCost(p)
+	}
+	return stay > 0 && stay >= float64(a.footprint(&a.b.ents[e]))/p.prefillRate()
+}
+
+// queueCost is what the requests p's engine holds for KV wait, in seconds,
+// while the conversations there all stay: each waits for blocks to free,
+// about a turn time (vLLM's scheduler takes a waiting request in when a
+// running one ends and its blocks fit), at every cycle of a turn and a
+// pause, for as long as conversations run (ran). a.mu held.
+func (a *admission) queueCost(p *replica) float64 {
+	return float64(p.waiting()) * p.turnTime() * a.cycles(p)
 }
 
 // queueTurn queues the turn of the paused conversation of entry e: it

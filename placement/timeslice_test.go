@@ -439,3 +439,32 @@ func TestPausePays(t *testing.T) {
 		})
 	}
 }
+
+// TestPauseForQueue: conversations whose sizes fit, on an engine that
+// holds a request for KV; the queue's wait, recurring while conversations
+// run, is weighed against the paused conversation's context computed again
+// (20k tokens at the default 2,000 tokens/s: 10 s).
+func TestPauseForQueue(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		window time.Duration // how long conversations are taken to run
+		paused bool
+	}{
+		// one request waits a turn time (10 s by default) at each of
+		// about 5 cycles of a turn and a 1 s pause
+		{"conversations run a minute: the queue's wait, about 55 s, outweighs the context's 10 s", time.Minute, true},
+		// about 0.9 cycles: 9 s
+		{"conversations run 10 s: the queue's wait, about 9 s, does not", 10 * time.Second, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := admitRouter(1, 100000, Config{AdmitWindow: tc.window})
+			now := alternate(t, r, minRunsOver, func(turn int) int { return 20000 + 100*turn }, t0)
+			r.UpdateLoad("r0", Load{Reachable: true, KVTokens: 100000, Waiting: 1, Running: 1, KVUsage: 0.9})
+			runTurn(t, r, "a", 20200, now)
+			if got := isPaused(r, "a"); got != tc.paused {
+				t.Fatalf("a paused %v; want %v", got, tc.paused)
+			}
+		})
+	}
+}

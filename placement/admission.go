@@ -478,9 +478,8 @@ func runningMean(m *float64, x float64, n uint64, span int) {
 // oversize reports whether a new conversation of est tokens fits no
 // usable replica even with nothing else resident: its part a replica does
 // not share already (see uncachedStart) over the high-water mark of every
-// replica's capacity. It is placed at once on the emptiest
-// replica (see emptiest) rather than waiting for room that cannot appear.
-// a.mu held.
+// replica's capacity. Waiting cannot make room for it: it comes in at
+// once where that pushes out the least (see Router.cheapest). a.mu held.
 func (a *admission) oversize(est int64) bool {
 	found := false
 	for _, i := range a.order {
@@ -497,26 +496,13 @@ func (a *admission) oversize(est int64) bool {
 	return found
 }
 
-// emptiest returns the usable replica with the least KV in use, by the
-// engine's gauge where known, else by the working set, ties to the best
-// score; nil when none is usable. a.mu held.
-func (a *admission) emptiest(now int64) *replica {
-	var best *replica
-	var bUsed int64
-	for _, i := range a.order {
-		p := a.reps[i]
-		if !a.usable(p) {
-			continue
-		}
-		used := a.workingSet(p, now)
-		if p.kvKnown() {
-			used = int64(p.kv() * float64(a.capacity(p)))
-		}
-		if best == nil || used < bUsed {
-			best, bUsed = p, used
-		}
+// inUse is the KV p holds now, in tokens: by the engine's gauge where
+// known, else by the working set. a.mu held.
+func (a *admission) inUse(p *replica, now int64) int64 {
+	if p.kvKnown() {
+		return int64(p.kv() * float64(a.capacity(p)))
 	}
-	return best
+	return a.workingSet(p, now)
 }
 
 // hit records the share of its predicted cached prefix a returning turn
@@ -864,18 +850,14 @@ func (a *admission) admitQueued(now int64) int {
 				continue
 			}
 		}
-		if a.oversize(t.est) {
-			a.oversized++
-			a.admitTicket(t, a.emptiest(now), now, false)
-			n++
-			continue
-		}
 		p, enter, fitted := a.do.bestFor(now, t.est, now-t.enq)
 		if !fitted {
 			break
 		}
 		a.admitTicket(t, p, now, false)
-		if enter > 0 && t.dec.s != nil {
+		if a.oversize(t.est) {
+			a.oversized++
+		} else if enter > 0 && t.dec.s != nil {
 			// let in by the comparison with its wait: the card and the
 			// route header show both costs
 			c := AdmitCost{At: time.Unix(0, now), To: p.id, Wait: time.Duration(now - t.enq), Evict: time.Duration(enter * 1e9)}
@@ -930,8 +912,8 @@ type AdmissionSnapshot struct {
 	// admitted ones waited.
 	Queued, AdmittedAfterWait, AdmittedAtLimit, Refused, Cancelled uint64
 	WaitedTotal                                                    time.Duration
-	// Oversized counts the new conversations placed at once on the
-	// emptiest replica because they fit none even empty.
+	// Oversized counts the new conversations placed at once, where they
+	// pushed out the least, because they fit no replica even empty.
 	Oversized uint64
 	// Time-slicing (timeslice.go): the quantum in turns (0: none,
 	// negative: time-slicing off), the conversations paused now, and since

@@ -293,8 +293,9 @@
 // only when their conversation was paused (below); sub-agents
 // (Request.Parent bound) never wait; spills go only to replicas where the
 // conversation fits, and re-placements prefer them. A conversation that
-// fits no replica even empty (over every replica's mark) goes to the
-// emptiest replica at once (AdmissionSnapshot.Oversized).
+// fits no replica even empty (over every replica's mark) would wait for
+// ever: it comes in at once where it costs least, the recompute of all the
+// KV in use there (AdmissionSnapshot.Oversized).
 //
 // Time-slicing (timeslice.go). Conversations that never end never make
 // room, and they grow: admission alone lets them outgrow the caches. At

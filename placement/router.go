@@ -566,14 +566,11 @@ func (r *Router) placeNew(req Request, h, parent uint64, now int64, queue bool) 
 		if p, _, fitted = r.bestFor(now, est, 0); p == nil {
 			return Decision{}, nil, ErrNoReplica
 		}
-		if r.adm.on && !fitted && r.adm.oversize(est) {
-			// it fits no replica even empty: waiting buys nothing
-			if q := r.adm.emptiest(now); q != nil {
-				p = q
-			}
-			r.adm.oversized++
-		} else if queue && !fitted {
+		if queue && !fitted {
 			return r.adm.queueNew(req, h, est, now)
+		}
+		if r.adm.on && r.adm.oversize(est) {
+			r.adm.oversized++
 		}
 	}
 	return r.place(h, req.Start, p, est, req.Tokens, now), nil, nil
@@ -600,8 +597,15 @@ func (r *Router) bestFor(now, est, waited int64) (p *replica, enter float64, fit
 
 // cheapest is bestFor's pick under admission: the usable replica where the
 // new conversation's coming in costs least, if that is no more than its
-// wait, and that cost. r.mu held.
+// wait, and that cost. A conversation that fits no replica even empty
+// (oversize) would wait for ever: it comes in at once where it costs
+// least, all the KV in use there pushed out. r.mu held.
 func (r *Router) cheapest(now, est, waited int64) (*replica, float64) {
+	if r.adm.oversize(est) {
+		return r.cheapestBy(now, func(q *replica) float64 {
+			return r.adm.evictCost(q, float64(r.adm.inUse(q, now)))
+		})
+	}
 	bound := float64(waited) / 1e9
 	return r.cheapestBy(now, func(q *replica) float64 {
 		if c := r.adm.enterCost(q, est, now, waited); c <= bound {

@@ -7,6 +7,7 @@ import (
 	"go/token"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"sort"
@@ -838,5 +839,64 @@ func TestDocsStartWithTheirQuestion(t *testing.T) {
 		if len(lines) == 0 || !strings.HasPrefix(lines[0], "# ") || !(asks(lines[0]) || (len(lines) > 1 && asks(lines[1]))) {
 			t.Errorf("%s: start with the question the page answers (its title, or the line under it)", path)
 		}
+	}
+}
+
+// readmeJSONExceptions are the options whose name in Caddy's JSON is not
+// theirs, as the README says.
+var readmeJSONExceptions = map[string][]string{"trace": {"trace_file", "trace_max_size"}}
+
+// TestREADMEOptionsNameTheirJSON: every option of the README's syntax
+// blocks is a field of that name in Caddy's JSON (the json tags of
+// Handler, Policy and the store's config), but the exceptions the README
+// names.
+func TestREADMEOptionsNameTheirJSON(t *testing.T) {
+	t.Parallel()
+	tags := func(v any) map[string]bool {
+		out := map[string]bool{}
+		ty := reflect.TypeOf(v)
+		for i := range ty.NumField() {
+			if name, _, _ := strings.Cut(ty.Field(i).Tag.Get("json"), ","); name != "" && name != "-" {
+				out[name] = true
+			}
+		}
+		return out
+	}
+	types := map[string]map[string]bool{
+		"lm_warden":           tags(Handler{}),
+		"lb_policy lm_warden": tags(Policy{}),
+		"store":               tags(StoreConfig{}),
+	}
+	readme := docPages(t)["../README.md"]
+	checked := 0
+	for _, f := range fences(readme) {
+		if f.info != "caddy-d" {
+			continue
+		}
+		directive, tree := syntaxOptions(f.body)
+		check := func(block string, opts []string) {
+			for _, o := range opts {
+				checked++
+				names, ok := readmeJSONExceptions[o]
+				if !ok {
+					names = []string{o}
+				}
+				for _, n := range names {
+					if !types[block][n] {
+						t.Errorf("README.md:%d: option %q of %s has no JSON field %q", f.line, o, block, n)
+					}
+				}
+			}
+		}
+		check(directive, tree.options)
+		for opt, sub := range tree.nested {
+			check(opt, sub.options)
+		}
+	}
+	if checked < 30 {
+		t.Errorf("checked %d options; the README's syntax blocks hold more", checked)
+	}
+	if !strings.Contains(readme, "`trace_file` and `trace_max_size`") {
+		t.Error("the README does not name trace's JSON fields")
 	}
 }

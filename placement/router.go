@@ -458,7 +458,7 @@ func (r *Router) decide(req Request, h, parent uint64, now int64, queue bool) (D
 	if again {
 		// the conversation was compacted or cleared and continues with
 		// the new start: its old prefix buys nothing
-		d, err := r.restartAt(e, bound, at, req.Start, now)
+		d, err := r.restartAt(e, bound, at, req.Start, req.Tokens, now)
 		return d, nil, err
 	}
 	if en := &r.b.ents[e]; req.Start != 0 {

@@ -121,8 +121,9 @@ func (r *Router) forgetSide(e int32) {
 // to, when at is usable and not over the threshold, else placed anew by
 // load. Either way it is counted restarted once, unless the binding's start
 // never recurred (a side request placed it) and the turn stays: then the
-// conversation only now shows its start, a sticky turn. r.mu held.
-func (r *Router) restartAt(e int32, bound, at *replica, s uint64, now int64) (Decision, error) {
+// conversation only now shows its start, a sticky turn, of tokens tokens,
+// which goes through the spill threshold as any. r.mu held.
+func (r *Router) restartAt(e int32, bound, at *replica, s uint64, tokens int, now int64) (Decision, error) {
 	en := &r.b.ents[e]
 	r.forgetSide(e)
 	confirmed := en.flags&flagConfirmed != 0
@@ -141,6 +142,9 @@ func (r *Router) restartAt(e int32, bound, at *replica, s uint64, now int64) (De
 		// it, and its first request here just computed its prefix
 		en.flags &^= flagCold
 		r.keyed++
+		if bound.running() > r.threshold {
+			return r.overThreshold(e, bound, tokens, now), nil
+		}
 		return r.stay(e, bound, now, ReasonSticky), nil
 	}
 	en.flags &^= flagReplace | flagCold

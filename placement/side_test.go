@@ -379,3 +379,36 @@ func TestLoneSideRequests(t *testing.T) {
 		t.Errorf("%d bindings with side starts remembered, want 0 (lone ones are not)", n)
 	}
 }
+
+// TestSideRequestFirstOverThreshold: the conversation's start, once it
+// recurs on a binding a side request placed, is a sticky turn; over the
+// spill threshold it goes through the threshold's comparison as any
+// sticky turn does, not past it.
+func TestSideRequestFirstOverThreshold(t *testing.T) {
+	t.Parallel()
+	const title, conv uint64 = 0x71, 0xa
+	r := newTestRouter(2, Config{SpillThreshold: 1})
+	d, err := r.Route(Request{Key: "k", Start: title, Now: t0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Release()
+	side, err := r.Route(Request{Key: "k", Start: conv, Now: t0.Add(time.Second)})
+	if err != nil || side.Reason != ReasonSide {
+		t.Fatalf("second request: %+v, %v; want a side request", side, err)
+	}
+	side.Release()
+	// two turns of others in flight there: over the threshold of 1
+	for _, k := range []string{"x", "y"} {
+		pinned(t, r, k, d.Replica, t0.Add(2*time.Second))
+	}
+	got, err := r.Route(Request{Key: "k", Start: conv, Tokens: 100, Now: t0.Add(3 * time.Second)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	switch got.Reason {
+	case ReasonSpilled, ReasonStayedOverloaded, ReasonSpillDeclined:
+	default:
+		t.Fatalf("the conversation's start recurring over the threshold: %s on %s; want the threshold's comparison", got.Reason, got.Replica)
+	}
+}

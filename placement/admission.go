@@ -497,10 +497,10 @@ func (a *admission) oversize(est int64) bool {
 }
 
 // inUse is the KV p holds now, in tokens: by the engine's gauge where
-// known, else by the working set. a.mu held.
+// known (engineKV), else by the working set. a.mu held.
 func (a *admission) inUse(p *replica, now int64) int64 {
-	if p.kvKnown() {
-		return int64(p.kv() * float64(a.capacity(p)))
+	if kv := a.engineKV(p); kv >= 0 {
+		return kv
 	}
 	return a.workingSet(p, now)
 }
@@ -850,12 +850,12 @@ func (a *admission) admitQueued(now int64) int {
 				continue
 			}
 		}
-		p, enter, fitted := a.do.bestFor(now, t.est, now-t.enq)
+		p, enter, fitted, oversize := a.do.bestFor(now, t.est, now-t.enq)
 		if !fitted {
 			break
 		}
 		a.admitTicket(t, p, now, false)
-		if a.oversize(t.est) {
+		if oversize {
 			a.oversized++
 		} else if enter > 0 && t.dec.s != nil {
 			// let in by the comparison with its wait: the card and the

@@ -18,8 +18,9 @@ type placer interface {
 	// bestFor returns the best replica for a conversation of est tokens:
 	// the one where it is cheapest to come in, at a cost no greater than
 	// its wait (fitted; enter is that cost in seconds), else the best by
-	// score (see Router.bestFor).
-	bestFor(now, est, waited int64) (p *replica, enter float64, fitted bool)
+	// score; oversize when it fits no replica even empty (see
+	// Router.bestFor).
+	bestFor(now, est, waited int64) (p *replica, enter float64, fitted, oversize bool)
 	// lookup returns the live binding of key hash h (nilIdx: none).
 	lookup(h uint64, now int64) int32
 	// forget drops the binding e.
@@ -40,7 +41,7 @@ type placer interface {
 }
 
 func (r *Router) pick(now int64) *replica {
-	return r.lenientPick(func() *replica { return r.best(now, nil, false) })
+	return r.lenientPick(func() *replica { return r.best(now) })
 }
 
 func (r *Router) forget(e int32) { r.removeEntry(e) }

@@ -201,23 +201,10 @@ func (r *Router) leastQueued() *replica {
 	return best
 }
 
-// best returns the usable replica with the best placement score, skipping
-// skip; with underOnly it returns only a replica not over the threshold.
-func (r *Router) best(now int64, skip *replica, underOnly bool) *replica {
-	return r.bestWith(now, func(p *replica) bool {
-		return p != skip && (!underOnly || p.running() <= r.threshold)
-	})
-}
-
-// bestWith returns the usable replica with the best placement score among
-// those ok accepts.
-func (r *Router) bestWith(now int64, ok func(*replica) bool) *replica {
-	p, _ := r.cheapestBy(now, func(q *replica) float64 {
-		if ok(q) {
-			return 0
-		}
-		return math.Inf(1)
-	})
+// best returns the usable replica with the best placement score: every
+// one a candidate at the same cost.
+func (r *Router) best(now int64) *replica {
+	p, _ := r.cheapestBy(now, func(*replica) float64 { return 0 })
 	return p
 }
 

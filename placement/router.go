@@ -458,8 +458,12 @@ func (r *Router) decide(req Request, h, parent uint64, now int64, queue bool) (D
 	if again {
 		// the conversation was compacted or cleared and continues with
 		// the new start: its old prefix buys nothing
-		d, err := r.restartAt(e, bound, at, req.Start, req.Tokens, now)
-		return d, nil, err
+		d, sticky, err := r.restartAt(e, bound, at, req.Start, now)
+		if !sticky {
+			return d, nil, err
+		}
+		// the conversation only now shows its start: a turn of it like
+		// any other, below
 	}
 	if en := &r.b.ents[e]; req.Start != 0 {
 		if en.start == 0 {
@@ -500,9 +504,9 @@ func (r *Router) decide(req Request, h, parent uint64, now int64, queue bool) (D
 }
 
 // overThreshold routes a turn whose replica is over the threshold (rule
-// 4): to the best other replica not over it, or, when every other one is,
-// the best of those, if moving pays (see "Spill cost" in the package
-// doc); otherwise it stays. r.mu held.
+// 4): to the other replica not over it where the move costs least, or,
+// when every other one is, the cheapest of those, if moving pays (see
+// "Spill cost" in the package doc); otherwise it stays. r.mu held.
 func (r *Router) overThreshold(e int32, bound *replica, tokens int, now int64) Decision {
 	under := true
 	p := r.spillTarget(e, bound, tokens, now, func(q *replica) bool { return q.running() <= r.threshold })
@@ -562,14 +566,14 @@ func (r *Router) placeNew(req Request, h, parent uint64, now int64, queue bool) 
 		}
 	}
 	if p == nil {
-		var fitted bool
-		if p, _, fitted = r.bestFor(now, est, 0); p == nil {
+		var fitted, oversize bool
+		if p, _, fitted, oversize = r.bestFor(now, est, 0); p == nil {
 			return Decision{}, nil, ErrNoReplica
 		}
 		if queue && !fitted {
 			return r.adm.queueNew(req, h, est, now)
 		}
-		if r.adm.on && r.adm.oversize(est) {
+		if oversize {
 			r.adm.oversized++
 		}
 	}
@@ -582,26 +586,29 @@ func (r *Router) placeNew(req Request, h, parent uint64, now int64, queue bool) 
 // admission.enterCost), at most its further wait (fitted, with that cost
 // in seconds), the best by score among equals; else, or when that is
 // nowhere, the best by score. nil when no replica can be chosen (see
-// lenientPick). r.mu held.
-func (r *Router) bestFor(now, est, waited int64) (p *replica, enter float64, fitted bool) {
+// lenientPick). oversize: under admission, it fits no replica even empty
+// (see cheapest). r.mu held.
+func (r *Router) bestFor(now, est, waited int64) (p *replica, enter float64, fitted, oversize bool) {
 	if r.adm.on {
+		oversize = r.adm.oversize(est)
 		if p = r.lenientPick(func() (q *replica) {
-			q, enter = r.cheapest(now, est, waited)
+			q, enter = r.cheapest(now, est, waited, oversize)
 			return q
 		}); p != nil {
-			return p, enter, true
+			return p, enter, true, oversize
 		}
 	}
-	return r.pick(now), 0, false
+	return r.pick(now), 0, false, false
 }
 
 // cheapest is bestFor's pick under admission: the usable replica where the
 // new conversation's coming in costs least, if that is no more than its
 // wait, and that cost. A conversation that fits no replica even empty
-// (oversize) would wait for ever: it comes in at once where it costs
-// least, all the KV in use there pushed out. r.mu held.
-func (r *Router) cheapest(now, est, waited int64) (*replica, float64) {
-	if r.adm.oversize(est) {
+// (oversize, see admission.oversize) would wait for ever: it comes in at
+// once where it costs least, all the KV in use there pushed out. r.mu
+// held.
+func (r *Router) cheapest(now, est, waited int64, oversize bool) (*replica, float64) {
+	if oversize {
 		return r.cheapestBy(now, func(q *replica) float64 {
 			return r.adm.evictCost(q, float64(r.adm.inUse(q, now)))
 		})
@@ -661,7 +668,7 @@ func (r *Router) replace(e int32, from *replica, now int64, reason Reason) (Deci
 		if r.adm.on {
 			est = r.adm.projected(&r.b.ents[e])
 		}
-		if p, _, _ = r.bestFor(now, est, 0); p == nil {
+		if p, _, _, _ = r.bestFor(now, est, 0); p == nil {
 			return Decision{}, ErrNoReplica
 		}
 	}

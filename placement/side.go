@@ -120,10 +120,11 @@ func (r *Router) forgetSide(e int32) {
 // take it, else to at, the replica its earlier request with that start went
 // to, when at is usable and not over the threshold, else placed anew by
 // load. Either way it is counted restarted once, unless the binding's start
-// never recurred (a side request placed it) and the turn stays: then the
-// conversation only now shows its start, a sticky turn, of tokens tokens,
-// which goes through the spill threshold as any. r.mu held.
-func (r *Router) restartAt(e int32, bound, at *replica, s uint64, tokens int, now int64) (Decision, error) {
+// never recurred (a side request placed it) and the turn would stay: then
+// the conversation only now shows its start, and restartAt routes nothing
+// (sticky): the turn is routed as any of the conversation's turns. r.mu
+// held.
+func (r *Router) restartAt(e int32, bound, at *replica, s uint64, now int64) (d Decision, sticky bool, err error) {
 	en := &r.b.ents[e]
 	r.forgetSide(e)
 	confirmed := en.flags&flagConfirmed != 0
@@ -135,26 +136,23 @@ func (r *Router) restartAt(e int32, bound, at *replica, s uint64, tokens int, no
 	if r.usable(bound) && en.flags&(flagReplace|flagCold) == 0 {
 		at = bound
 	} else if at == nil || !r.usable(at) || at.running() > r.threshold || (at == bound && en.flags&flagReplace != 0) {
-		return r.replace(e, bound, now, ReasonRestarted)
+		d, err = r.replace(e, bound, now, ReasonRestarted)
+		return d, false, err
 	}
 	if !confirmed && at == bound {
 		// its start never came twice: the conversation only now shows
 		// it, and its first request here just computed its prefix
 		en.flags &^= flagCold
-		r.keyed++
-		if bound.running() > r.threshold {
-			return r.overThreshold(e, bound, tokens, now), nil
-		}
-		return r.stay(e, bound, now, ReasonSticky), nil
+		return Decision{}, true, nil
 	}
 	en.flags &^= flagReplace | flagCold
 	r.rebind(e, at, now)
 	at.n.Restarted++
-	d := r.take(at, ReasonRestarted, e)
+	d = r.take(at, ReasonRestarted, e)
 	if at != bound {
 		d.Previous = bound.id
 	}
-	return d, nil
+	return d, false, nil
 }
 
 // unrestart gives entry e back the start a restart replaced: a request came

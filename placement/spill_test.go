@@ -15,6 +15,16 @@ func teach(t *testing.T, r *Router, key, id string, prompt int, first, total tim
 	r.Feedback(Turn{Key: key, Replica: id, Reason: ReasonClientPinned, Prompt: prompt, FirstToken: first, Duration: total})
 }
 
+// queuedBesideFast binds k to r0, whose engine runs 3 and queues 6, and
+// teaches fast that it prefills 20,000 tokens a second.
+func queuedBesideFast(fast string) func(*testing.T, *Router) {
+	return func(t *testing.T, r *Router) {
+		bindTo(t, r, "k", "r0", t0)
+		teach(t, r, "other", fast, 20000, time.Second, 5*time.Second)
+		r.UpdateLoad("r0", queued(3, 6))
+	}
+}
+
 func TestSpillCost(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
@@ -44,13 +54,9 @@ func TestSpillCost(t *testing.T) {
 		{
 			name: "the same history moves to a replica that prefills fast",
 			n:    2, cfg: Config{SpillThreshold: 2},
-			setup: func(t *testing.T, r *Router) {
-				bindTo(t, r, "k", "r0", t0)
-				teach(t, r, "other", "r1", 20000, time.Second, 5*time.Second)
-				r.UpdateLoad("r0", queued(3, 6))
-			},
-			req:  Request{Key: "k", Tokens: 60000},
-			want: "r1", reason: ReasonSpilled,
+			setup: queuedBesideFast("r1"),
+			req:   Request{Key: "k", Tokens: 60000},
+			want:  "r1", reason: ReasonSpilled,
 			move: 3 * time.Second,
 		},
 		{
@@ -58,13 +64,9 @@ func TestSpillCost(t *testing.T) {
 			// there), r2 the cheaper to move to
 			name: "the move goes where it costs least, not where the score points",
 			n:    3, cfg: Config{SpillThreshold: 2},
-			setup: func(t *testing.T, r *Router) {
-				bindTo(t, r, "k", "r0", t0)
-				teach(t, r, "other", "r2", 20000, time.Second, 5*time.Second)
-				r.UpdateLoad("r0", queued(3, 6))
-			},
-			req:  Request{Key: "k", Tokens: 60000},
-			want: "r2", reason: ReasonSpilled,
+			setup: queuedBesideFast("r2"),
+			req:   Request{Key: "k", Tokens: 60000},
+			want:  "r2", reason: ReasonSpilled,
 			move: 3 * time.Second,
 		},
 		{
